@@ -1,0 +1,50 @@
+# Two commands for a newcomer: `make demo` and `make test`. Each installs what it needs first,
+# into folders inside the checkout that git ignores (.venv, .runtimes, .airflow, .changeover).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+RUNTIMES := 4.2.0 4.2.1 4.3.0
+export AIRFLOW_HOME := $(CURDIR)/.airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+
+.PHONY: demo test lint java runtimes airflow-db clean
+
+demo: java $(VENV)/.installed runtimes airflow-db
+	$(BIN)/changeover demo
+
+test: java $(VENV)/.installed runtimes airflow-db
+	$(BIN)/ruff check dags plugins include tests bench
+	$(BIN)/pytest -v -rs --durations=15
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check dags plugins include tests bench
+
+java:
+	@command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || { \
+	  echo "error: Java 17+ is missing: Spark 4 needs it. Install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) or set JAVA_HOME." >&2; exit 1; }
+	@v=$$( ([ -x "$$JAVA_HOME/bin/java" ] && "$$JAVA_HOME/bin/java" -version || java -version) 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	  [ "$${v:-0}" -ge 17 ] || { echo "error: Java $$v found, but Spark 4 needs Java 17 or newer. Install openjdk-17 and set JAVA_HOME." >&2; exit 1; }
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "error: Python 3.11 is needed as $(PYTHON)." >&2; exit 1; }
+	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet uv==0.13.8
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -r requirements.txt
+	# pyspark last and forced: pyspark-client writes the same files under pyspark/.
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --reinstall --no-deps pyspark==4.2.0 py4j==0.10.9.9
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps -e .
+	touch $@
+
+runtimes: $(VENV)/.installed
+	@for v in $(RUNTIMES); do $(BIN)/changeover runtime install $$v >/dev/null || exit 1; done
+
+airflow-db: $(VENV)/.installed
+	@mkdir -p $(AIRFLOW_HOME)
+	$(BIN)/airflow db migrate >/dev/null
+
+clean:
+	-$(BIN)/changeover cluster down
+	rm -rf .changeover .airflow

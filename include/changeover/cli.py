@@ -1,0 +1,205 @@
+"""The `changeover` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import select
+
+from changeover import drain, jobs, savepoints, upgrade
+from changeover.cluster import LocalCluster
+from changeover.errors import ChangeoverError
+from changeover.registry.db import session_scope
+from changeover.registry.models import Event
+from changeover.registry.schema import migrate
+from changeover.runtimes import SUPPORTED_VERSIONS, install_runtime, installed_versions
+from changeover.settings import Settings
+from changeover.timeutil import as_utc
+
+app = typer.Typer(help="Upgrade running PySpark jobs without losing their state.", no_args_is_help=True)
+cluster_app = typer.Typer(help="Start, stop and inspect the local Spark cluster.", no_args_is_help=True)
+runtime_app = typer.Typer(help="Spark runtimes, one per version.", no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(runtime_app, name="runtime")
+out = Console()
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _settings() -> Settings:
+    settings = Settings.from_env()
+    migrate(settings.database_url)
+    return settings
+
+
+def _emit(rows: list[dict[str, Any]] | dict[str, Any], as_json: bool, columns: list[tuple[str, str]]) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    table = Table(*[title for title, _ in columns])
+    for row in rows if isinstance(rows, list) else [rows]:
+        table.add_row(*[f"{row[key]:,}" if isinstance(row[key], int) and not isinstance(row[key], bool)
+                        else str(row[key]) for _, key in columns])
+    out.print(table)
+
+
+@cluster_app.command("up")
+def cluster_up(
+    members: Annotated[str, typer.Option(help="Comma-separated member names.")] = "m1,m2,m3",
+    version: Annotated[str, typer.Option(help="Spark version of the new members.")] = "4.2.0",
+) -> None:
+    """Start a master per version group and a worker per member."""
+    LocalCluster(_settings()).up([(name.strip(), version) for name in members.split(",") if name.strip()])
+    cluster_status(as_json=False)
+
+
+@cluster_app.command("down")
+def cluster_down() -> None:
+    """Stop every Spark process this cluster folder started, also after a crash."""
+    stopped = LocalCluster(Settings.from_env()).down()
+    out.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+@cluster_app.command("status")
+def cluster_status(as_json: JsonFlag = False) -> None:
+    """Members: name, version, status, group; and the masters."""
+    status = LocalCluster(_settings()).status()
+    if as_json:
+        print(json.dumps(status, indent=2))
+        return
+    _emit(status["members"], False, [("NAME", "name"), ("VERSION", "version"), ("STATUS", "status"),
+                                     ("GROUP", "group"), ("HOST", "host"), ("RUNNING", "running")])
+    _emit(status["masters"], False, [("GROUP", "version"), ("MASTER", "url"), ("WEB UI", "webui"),
+                                     ("RUNNING", "running")])
+
+
+@runtime_app.command("install")
+def runtime_install(version: str) -> None:
+    """Install the Spark runtime of a version (idempotent)."""
+    runtime = install_runtime(Settings.from_env().runtimes_dir, version)
+    out.print(f"Spark {version} runtime at {runtime.root}")
+
+
+@runtime_app.command("list")
+def runtime_list(as_json: JsonFlag = False) -> None:
+    installed = installed_versions(Settings.from_env().runtimes_dir)
+    rows = [{"version": v, "installed": v in installed} for v in SUPPORTED_VERSIONS]
+    _emit(rows, as_json, [("VERSION", "version"), ("INSTALLED", "installed")])
+
+
+@app.command("jobs")
+def list_jobs(as_json: JsonFlag = False) -> None:
+    """Jobs with their current run: state, version and member."""
+    settings, cluster = _settings(), None
+    cluster = LocalCluster(settings)
+    for row in jobs.list_jobs(settings):
+        jobs.refresh(settings, cluster, row["name"])
+    _emit(jobs.list_jobs(settings), as_json, [("NAME", "name"), ("STATE", "state"), ("VERSION", "version"),
+                                              ("MEMBER", "member"), ("RUN", "run"), ("PROGRESS", "progress")])
+
+
+@app.command("submit")
+def submit(
+    module: Annotated[str, typer.Argument(help="Job module under include/, e.g. jobs.clicks.")],
+    name: Annotated[str, typer.Option("--name", help="Job name.")],
+    from_savepoint: Annotated[str | None, typer.Option("--from-savepoint")] = None,
+    fault_tolerant: Annotated[bool, typer.Option("--fault-tolerant/--no-fault-tolerant")] = True,
+    block_shutdown: Annotated[bool, typer.Option("--block-shutdown")] = False,
+    shutdown_timeout: Annotated[int, typer.Option(help="Seconds a drain waits before cancelling.")] = 30,
+    option: Annotated[list[str] | None, typer.Option("--option", help="Job option KEY=VALUE.")] = None,
+) -> None:
+    """Submit a job to the largest version group, optionally from a savepoint."""
+    settings = _settings()
+    options = dict(item.split("=", 1) for item in option or [])
+    run = jobs.submit(settings, LocalCluster(settings), module, name, fault_tolerant=fault_tolerant,
+                      block_shutdown=block_shutdown, shutdown_timeout=shutdown_timeout, options=options,
+                      from_savepoint=from_savepoint)
+    out.print(f"job {name}: run {run.id} submitted to Spark {run.spark_version} as {run.submission_id}")
+
+
+@app.command("savepoint")
+def savepoint(
+    job: str,
+    name: str,
+    cancel: Annotated[bool, typer.Option("--cancel", "-C", help="Stop the job at a batch boundary first.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the stop.")] = 120,
+) -> None:
+    """Take a savepoint of a job (seed 002's save-snapshot)."""
+    settings = _settings()
+    cluster = LocalCluster(settings)
+    if not cancel:
+        raise ChangeoverError(f"savepoint {name!r} of job {job}", "savepoints that let the job continue are "
+                              "not available yet", "pass --cancel to stop the job with a savepoint")
+    with session_scope(settings.database_url) as s:
+        jobs.get_job(s, job)
+    savepoints.request_stop(settings, job, reason=f"savepoint {name}")
+    deadline = time.monotonic() + timeout
+    while (run := jobs.refresh(settings, cluster, job)) is not None and run.state in jobs.LIVE:
+        if time.monotonic() > deadline:
+            raise ChangeoverError(f"savepoint {name!r} of job {job}", f"the job did not stop within {timeout:.0f} s",
+                                  "retry with a larger --timeout")
+        time.sleep(0.5)
+    sp = savepoints.take(settings, job, name)
+    out.print(f"savepoint {sp.name} of job {job}: {sp.size_bytes:,} bytes at batches {sp.stages}")
+
+
+@app.command("savepoints")
+def list_savepoints(job: Annotated[str | None, typer.Option()] = None, as_json: JsonFlag = False) -> None:
+    """TIME, SIZE (bytes), JOB NAME, SAVEPOINT NAME, as in seed 002."""
+    _emit(savepoints.list_savepoints(_settings(), job), as_json,
+          [("TIME", "time"), ("SIZE (bytes)", "size_bytes"), ("JOB NAME", "job"), ("SAVEPOINT NAME", "name"),
+           ("SPARK", "spark_version"), ("MODE", "mode")])
+
+
+@app.command("drain")
+def drain_member(member: str, timeout: Annotated[float, typer.Option(help="Seconds before giving up.")] = 600) -> None:
+    """Drain a member: savepoint and move fault-tolerant jobs, wait for blocking ones, cancel the rest."""
+    settings = _settings()
+    cluster = LocalCluster(settings)
+    deadline = time.monotonic() + timeout
+    while not (result := drain.step(settings, cluster, member)).done:
+        if time.monotonic() > deadline:
+            raise ChangeoverError(f"drain of member {member}", f"it did not finish within {timeout:.0f} s",
+                                  f"see what it waits for: {result.as_dict()}")
+        time.sleep(1)
+    out.print(f"member {member} drained")
+
+
+@app.command("upgrade")
+def upgrade_member(member: str, to: Annotated[str, typer.Option("--to", help="Target Spark version.")]) -> None:
+    """Restart a drained member on another Spark version."""
+    settings = _settings()
+    old = upgrade.upgrade_member(settings, LocalCluster(settings), member, to)
+    out.print(f"member {member}: {old} -> {to}")
+
+
+@app.command("events")
+def events(limit: int = 50, as_json: JsonFlag = False) -> None:
+    """The audit trail, newest last."""
+    with session_scope(_settings().database_url) as s:
+        rows = [{"at": as_utc(e.at).isoformat(timespec="seconds"), "actor": e.actor, "action": e.action,
+                 "subject": f"{e.subject_kind}:{e.subject}", "outcome": e.outcome, "details": e.details}
+                for e in s.scalars(select(Event).order_by(Event.id.desc()).limit(limit))][::-1]
+    _emit(rows, as_json, [("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("SUBJECT", "subject"),
+                          ("OUTCOME", "outcome"), ("DETAILS", "details")])
+
+
+@app.command("demo")
+def demo() -> None:
+    """Roll a live stateful job through a rolling Spark upgrade driven by Airflow."""
+    from changeover.demo import run_demo
+
+    raise typer.Exit(run_demo())
+
+
+def main() -> None:
+    try:
+        app()
+    except ChangeoverError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)

@@ -1,0 +1,268 @@
+"""Membership: the masters (one per version group) and workers (one per member) of a Spark cluster.
+
+`LocalCluster` starts them on loopback from the per-version runtimes. A remote standalone cluster
+can implement the same `Membership` protocol; the DAGs only talk to the protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import httpx
+from sqlalchemy import select
+
+from changeover import audit, processes
+from changeover.errors import ChangeoverError
+from changeover.names import check_name
+from changeover.ports import free_port
+from changeover.registry.db import session_scope
+from changeover.registry.models import Master, Member
+from changeover.runtimes import Runtime, find_runtime, java_home
+from changeover.settings import Settings
+from changeover.spark_master import SparkMaster
+
+WORKER_CORES = 4  # more than the machine has: drivers and executors of several jobs share workers
+WORKER_MEMORY = "4g"
+
+
+class Membership(Protocol):
+    def master(self, version: str) -> SparkMaster: ...
+    def ensure_master(self, version: str) -> Master: ...
+    def stop_master_if_empty(self, version: str) -> bool: ...
+    def start_worker(self, member: str, version: str) -> None: ...
+    def stop_worker(self, member: str) -> None: ...
+    def executors_on(self, member: str) -> int: ...
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.5) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except (ChangeoverError, httpx.HTTPError, KeyError, ValueError):
+            pass
+        time.sleep(interval)
+    raise ChangeoverError(
+        what, f"it did not happen within {timeout:.0f} s", "look at the logs under the cluster folder"
+    )
+
+
+class LocalCluster:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.url = settings.database_url
+        self.pid_dir = settings.cluster_dir / "pids"
+
+    # -- observation -------------------------------------------------------------------------
+    def master(self, version: str) -> SparkMaster:
+        with session_scope(self.url) as s:
+            row = s.get(Master, version)
+            if row is None or row.status != "RUNNING":
+                raise ChangeoverError(
+                    f"version group {version}", "no master is running for it", "start it with `changeover cluster up`"
+                )
+            return SparkMaster(row.host, row.webui_port, row.rest_port)
+
+    def status(self) -> dict[str, Any]:
+        with session_scope(self.url) as s:
+            members = s.scalars(select(Member).order_by(Member.name)).all()
+            masters = s.scalars(select(Master).order_by(Master.version)).all()
+            return {
+                "members": [
+                    {
+                        "name": m.name,
+                        "version": m.version,
+                        "status": m.status,
+                        "group": m.version,
+                        "host": m.host,
+                        "running": processes.is_ours(m.pid, m.pid_started),
+                    }
+                    for m in members
+                ],
+                "masters": [
+                    {
+                        "version": m.version,
+                        "url": m.url,
+                        "webui": f"http://{m.host}:{m.webui_port}",
+                        "status": m.status,
+                        "running": processes.is_ours(m.pid, m.pid_started),
+                    }
+                    for m in masters
+                ],
+            }
+
+    def executors_on(self, member: str) -> int:
+        with session_scope(self.url) as s:
+            row = self._member(s, member)
+            url = f"http://{row.host}:{row.webui_port}/json/"
+        try:
+            return len(httpx.get(url, timeout=5).json().get("executors", []))
+        except httpx.HTTPError:
+            return 0  # the worker is gone, and its executors with it
+
+    # -- actions -----------------------------------------------------------------------------
+    def up(self, specs: list[tuple[str, str]]) -> None:
+        java_home()
+        for name, version in specs:
+            check_name("member", name)
+            find_runtime(self.settings.runtimes_dir, version)
+        for name, version in specs:
+            self.ensure_master(version)
+            self.start_worker(name, version)
+
+    def down(self) -> list[str]:
+        """Stop every process this cluster folder records, also after a crash that lost the registry."""
+        stopped = []
+        for pidfile in sorted(self.pid_dir.glob("*.pid")) if self.pid_dir.exists() else []:
+            pid, ticks = pidfile.read_text().split()
+            if processes.stop_group(int(pid), ticks):
+                stopped.append(pidfile.stem)
+            pidfile.unlink(missing_ok=True)
+        try:
+            with session_scope(self.url) as s:
+                for m in s.scalars(select(Member)):
+                    if m.status != "STOPPED":
+                        m.status, m.pid = "STOPPED", None
+                        audit.record(s, "member.stop", "member", m.name, version=m.version)
+                for master in s.scalars(select(Master)):
+                    if master.status != "STOPPED":
+                        master.status, master.pid = "STOPPED", None
+                        audit.record(s, "master.stop", "master", master.version)
+        except Exception as exc:  # noqa: BLE001 - the processes are what matter here
+            if "no such table" not in str(exc):
+                raise
+        return stopped
+
+    def ensure_master(self, version: str) -> Master:
+        runtime = find_runtime(self.settings.runtimes_dir, version)
+        with session_scope(self.url) as s:
+            row = s.get(Master, version)
+            if row and row.status == "RUNNING" and processes.is_ours(row.pid, row.pid_started):
+                return row
+        port, webui, rest = free_port(), free_port(), free_port()
+        opts = (
+            f"-Dspark.master.rest.enabled=true -Dspark.master.rest.port={rest} "
+            "-Dspark.decommission.enabled=true -Dspark.deploy.spreadOut=true"
+        )
+        started = processes.spawn(
+            [str(runtime.spark_class), "org.apache.spark.deploy.master.Master",
+             "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(webui)],
+            self._env(runtime, {"SPARK_MASTER_OPTS": opts}),
+            self.settings.cluster_dir / "logs" / f"master-{version}.log",
+        )
+        self._write_pid(f"master-{version}", started)
+        master = SparkMaster("127.0.0.1", webui, rest)
+        wait_for(lambda: master.state()["status"] == "ALIVE" and master.server_version() == version,
+                 60, f"the Spark {version} master becoming ALIVE")
+        with session_scope(self.url) as s:
+            row = s.get(Master, version) or Master(version=version)
+            row.host, row.port, row.webui_port, row.rest_port = "127.0.0.1", port, webui, rest
+            row.pid, row.pid_started, row.status = started.pid, started.start_ticks, "RUNNING"
+            s.add(row)
+            audit.record(s, "master.start", "master", version, url=row.url, pid=started.pid)
+            return row
+
+    def stop_master_if_empty(self, version: str) -> bool:
+        with session_scope(self.url) as s:
+            users = s.scalars(select(Member).where(Member.version == version, Member.status != "STOPPED")).all()
+            row = s.get(Master, version)
+            if users or row is None or row.status != "RUNNING":
+                return False
+            processes.stop_group(row.pid, row.pid_started)
+            (self.pid_dir / f"master-{version}.pid").unlink(missing_ok=True)
+            row.status, row.pid = "STOPPED", None
+            audit.record(s, "master.stop", "master", version, reason="its version group is empty")
+            return True
+
+    def start_worker(self, member: str, version: str) -> None:
+        runtime = find_runtime(self.settings.runtimes_dir, version)
+        master_row = self.ensure_master(version)
+        master = SparkMaster(master_row.host, master_row.webui_port, master_row.rest_port)
+        with session_scope(self.url) as s:
+            row = s.get(Member, member)
+            if row is None:
+                count = len(s.scalars(select(Member.name)).all())
+                row = Member(name=member, version=version, host=f"127.0.1.{count + 1}", status="STOPPED")
+                s.add(row)
+                audit.record(s, "member.add", "member", member, version=version, host=row.host)
+            alive = processes.is_ours(row.pid, row.pid_started)
+            if alive and row.version == version and master.worker_state(row.host) == "ALIVE":
+                return
+            if alive:
+                raise ChangeoverError(
+                    f"start of member {member} at {version}",
+                    f"its worker still runs at {row.version}",
+                    f"upgrade it with `changeover upgrade {member} --to {version}` after a drain",
+                )
+            host = row.host
+        work = self.settings.cluster_dir / "members" / member
+        webui = free_port(host)
+        started = processes.spawn(
+            [str(runtime.spark_class), "org.apache.spark.deploy.worker.Worker", "--host", host,
+             "--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY, "--webui-port", str(webui),
+             "--work-dir", str(work / f"work-{version}"), master_row.url],
+            self._env(runtime, {
+                "SPARK_LOCAL_IP": host,
+                "SPARK_WORKER_OPTS": "-Dspark.decommission.enabled=true",
+            }),
+            self.settings.cluster_dir / "logs" / f"worker-{member}.log",
+        )
+        self._write_pid(f"worker-{member}", started)
+        wait_for(lambda: master.worker_state(host) == "ALIVE", 60, f"member {member} registering with {master_row.url}")
+        log = (self.settings.cluster_dir / "logs" / f"worker-{member}.log").read_text(errors="replace")
+        if f"Running Spark version {version}" not in log.rsplit("Starting Spark worker", 1)[-1] and \
+                f"Running Spark version {version}" not in log[-20000:]:
+            raise ChangeoverError(f"member {member}", f"its worker does not report Spark {version}",
+                                  "check the runtime folder of that version")
+        with session_scope(self.url) as s:
+            row = self._member(s, member)
+            row.version, row.webui_port, row.status = version, webui, "ACTIVE"
+            row.pid, row.pid_started, row.drain_started_at = started.pid, started.start_ticks, None
+            audit.record(s, "member.start", "member", member, version=version, master=master_row.url,
+                         pid=started.pid)
+
+    def stop_worker(self, member: str) -> None:
+        with session_scope(self.url) as s:
+            row = self._member(s, member)
+            processes.stop_group(row.pid, row.pid_started)
+            (self.pid_dir / f"worker-{member}.pid").unlink(missing_ok=True)
+            row.pid = None
+            audit.record(s, "member.stop", "member", member, version=row.version)
+
+    # -- helpers -----------------------------------------------------------------------------
+    @staticmethod
+    def _member(s: Any, name: str) -> Member:
+        row = s.get(Member, name)
+        if row is None:
+            known = ", ".join(s.scalars(select(Member.name).order_by(Member.name))) or "none"
+            raise ChangeoverError(f"member {name!r}", f"no such member (known: {known})",
+                                  "use a name from `changeover cluster status`")
+        return row
+
+    def _env(self, runtime: Runtime, extra: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
+        env.update(
+            SPARK_HOME=str(runtime.spark_home),
+            JAVA_HOME=str(java_home()),
+            SPARK_LOG_DIR=str(self.settings.cluster_dir / "logs"),
+            SPARK_NO_DAEMONIZE="1",
+            **extra,
+        )
+        return env
+
+    def _write_pid(self, name: str, started: processes.Started) -> None:
+        self.pid_dir.mkdir(parents=True, exist_ok=True)
+        (self.pid_dir / f"{name}.pid").write_text(f"{started.pid} {started.start_ticks}\n")
+
+
+def member_for_host(settings: Settings, host: str | None) -> str | None:
+    if host is None:
+        return None
+    with session_scope(settings.database_url) as s:
+        return s.scalar(select(Member.name).where(Member.host == host))
+
+

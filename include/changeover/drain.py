@@ -1,0 +1,153 @@
+"""Graceful drain of a member, after seed 000's shutdown rules.
+
+Fault-tolerant jobs are stopped with a savepoint at once and resumed elsewhere; block_shutdown
+jobs are waited for until they finish; any other job is waited for up to its shutdown_timeout,
+then cancelled. `plan` only observes; `step` acts on what `plan` saw, in small idempotent steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+
+from changeover import audit, jobs, relocate, routing
+from changeover.cluster import LocalCluster, Membership
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, JobRun, Member, utcnow
+from changeover.settings import Settings
+from changeover.timeutil import as_utc
+
+BUSY = ("DRAINING", "DRAINED", "UPGRADING")
+
+
+@dataclass
+class DrainPlan:
+    member: str
+    status: str
+    blocked_by: list[str] = field(default_factory=list)  # other members mid-upgrade: one at a time
+    save: list[str] = field(default_factory=list)
+    wait: list[str] = field(default_factory=list)
+    grace: dict[str, float] = field(default_factory=dict)  # job -> seconds left before cancel
+    cancel: list[str] = field(default_factory=list)
+    executors: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.status == "DRAINED"
+
+    @property
+    def actionable(self) -> bool:
+        """Whether `step` has something to do now, as opposed to waiting."""
+        if self.done:
+            return True
+        if self.blocked_by:
+            return False
+        if self.status == "ACTIVE" or self.save or self.cancel:
+            return True
+        return not (self.wait or self.grace or self.executors)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "done": self.done, "actionable": self.actionable}
+
+
+def jobs_on(settings: Settings, membership: Membership, member: str) -> list[tuple[Job, JobRun]]:
+    with session_scope(settings.database_url) as s:
+        names = s.scalars(select(Job.name)).all()
+    found = []
+    for name in names:
+        run = jobs.refresh(settings, membership, name)
+        if run is None or run.member != member:
+            continue
+        with session_scope(settings.database_url) as s:
+            job = jobs.get_job(s, name)
+        # A job stopped for a savepoint is still ours to save and resume until it runs elsewhere.
+        if run.state in jobs.LIVE or (run.state == "STOPPED" and job.desired == "STOP"):
+            found.append((job, run))
+    return found
+
+
+def plan(settings: Settings, membership: Membership, member: str, shutdown_timeout: int | None = None) -> DrainPlan:
+    """What draining `member` waits for now. shutdown_timeout caps each job's own timeout."""
+    with session_scope(settings.database_url) as s:
+        row = LocalCluster._member(s, member)
+        status, started = row.status, row.drain_started_at
+        others = s.scalars(select(Member.name).where(Member.name != member, Member.status.in_(BUSY))).all()
+    result = DrainPlan(member=member, status=status)
+    if status in ("DRAINED", "UPGRADING", "STOPPED"):
+        result.status = "DRAINED" if status != "STOPPED" else status
+        return result
+    if status == "ACTIVE" and others:
+        result.blocked_by = list(others)
+        return result
+    now = utcnow()
+    for job, _run in jobs_on(settings, membership, member):
+        if job.fault_tolerant:
+            result.save.append(job.name)
+        elif job.block_shutdown:
+            result.wait.append(job.name)
+        else:
+            begun: datetime = as_utc(started) if started else now
+            timeout = min(job.shutdown_timeout, shutdown_timeout if shutdown_timeout is not None else 1 << 30)
+            left = timeout - (now - begun).total_seconds()
+            if left > 0:
+                result.grace[job.name] = round(left, 1)
+            else:
+                result.cancel.append(job.name)
+    if status == "DRAINING" and not (result.save or result.wait or result.grace or result.cancel):
+        result.executors = membership.executors_on(member)
+    return result
+
+
+def step(settings: Settings, membership: Membership, member: str, shutdown_timeout: int | None = None) -> DrainPlan:
+    current = plan(settings, membership, member, shutdown_timeout)
+    if current.done or current.blocked_by:
+        return current
+    if current.status == "ACTIVE":
+        _begin(settings, membership, current)
+    target: str | None = None
+    for name in current.save:
+        target = target or routing.target_version(settings, exclude=_not_serving(settings))
+        if relocate.step(settings, membership, name, target, reason=f"drain-{member}", avoid_member=member):
+            _record(settings, "drain.saved", member, name, resumed_on=target)
+    for name in current.cancel:
+        jobs.cancel(settings, membership, name, reason=f"drain of {member}: shutdown_timeout ran out")
+        _record(settings, "drain.cancelled", member, name)
+    after = plan(settings, membership, member, shutdown_timeout)
+    if current.status != "ACTIVE" and not (after.save or after.wait or after.grace or after.cancel) \
+            and after.executors == 0:
+        with session_scope(settings.database_url) as s:
+            row = s.get(Member, member)
+            assert row is not None
+            waited = (utcnow() - as_utc(row.drain_started_at)).total_seconds() if row.drain_started_at else 0.0
+            row.status = "DRAINED"
+            audit.record(s, "drain.complete", "member", member, seconds=round(waited, 1))
+        after.status = "DRAINED"
+    return after
+
+
+def _begin(settings: Settings, membership: Membership, current: DrainPlan) -> None:
+    with session_scope(settings.database_url) as s:
+        row = s.get(Member, current.member)
+        assert row is not None
+        row.status, row.drain_started_at, host = "DRAINING", utcnow(), row.host
+        version = row.version
+        decisions = {**{j: "save" for j in current.save}, **{j: "wait" for j in current.wait},
+                     **{j: "timeout" for j in [*current.grace, *current.cancel]}}
+        audit.record(s, "drain.begin", "member", current.member, decisions=decisions)
+        for job, action in decisions.items():
+            audit.record(s, f"drain.decide.{action}", "job", job, member=current.member)
+    membership.master(version).decommission(host)
+    current.status = "DRAINING"
+
+
+def _not_serving(settings: Settings) -> list[str]:
+    with session_scope(settings.database_url) as s:
+        return list(s.scalars(select(Member.name).where(Member.status != "ACTIVE")))
+
+
+def _record(settings: Settings, action: str, member: str, job: str, **details: Any) -> None:
+    with session_scope(settings.database_url) as s:
+        audit.record(s, action, "job", job, member=member, **details)

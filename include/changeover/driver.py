@@ -1,0 +1,154 @@
+"""The runtime wrapper that runs inside the Spark driver.
+
+It checks the Spark version it was launched for before anything runs, runs the job's stages in
+AvailableNow cycles so that every cycle ends on a committed batch boundary, reports heartbeats and
+committed batches to the registry, and stops at a boundary when a savepoint asks it to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import time
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from changeover import audit
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, JobRun, utcnow
+from changeover.settings import Settings
+from changeover.sink import write_batch
+from changeover.stages import JobContext, Stage
+
+log = logging.getLogger("changeover.driver")
+
+
+def last_commit(checkpoint: Path) -> int | None:
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
+    return max(commits) if commits else None
+
+
+def version_mismatch(job: str, actual: str, expected: str) -> str:
+    return (
+        f"job {job}: refused to start on Spark {actual}: it was launched for the {expected} version group "
+        f"and Spark needs driver and executors at exactly one version. "
+        f"Relaunch it on the {expected} group, or resume it from a savepoint on the {actual} group."
+    )
+
+
+class Driver:
+    def __init__(self, settings: Settings, job: str, run_id: int) -> None:
+        self.settings = settings
+        self.url = settings.database_url
+        self.job = job
+        self.run_id = run_id
+
+    def fail(self, message: str) -> None:
+        with session_scope(self.url) as s:
+            run = s.get(JobRun, self.run_id)
+            if run:
+                run.state, run.error, run.ended_at = "FAILED", message, utcnow()
+            audit.record(s, "job.fail", "job", self.job, outcome="failed", run=self.run_id, error=message)
+
+    def stop_requested(self) -> bool:
+        """True when a savepoint asked for a stop, or this run is no longer the job's current one (fenced)."""
+        with session_scope(self.url) as s:
+            job = s.get(Job, self.job)
+            return job is None or job.desired == "STOP" or job.current_run_id != self.run_id
+
+    def report(self, progress: dict[str, int | None], committed: bool, state: str = "RUNNING") -> None:
+        with session_scope(self.url) as s:
+            run = s.get(JobRun, self.run_id)
+            assert run is not None
+            now = utcnow()
+            run.heartbeat_at, run.progress = now, dict(progress)
+            if run.state in ("SUBMITTED", "RUNNING"):
+                run.state = state
+            if committed:
+                run.last_commit_at = now
+                run.first_commit_at = run.first_commit_at or now
+            if state != "RUNNING":
+                run.ended_at = now
+                audit.record(s, "job.stop", "job", self.job, run=self.run_id, state=state, progress=progress)
+
+    def run_streaming(self, stages: list[Stage], checkpoint_root: Path, trigger_seconds: float) -> None:
+        names = [stage.name for stage in stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"job {self.job}: stage names must be unique, got {names}")
+        seen = {n: last_commit(checkpoint_root / n) for n in names}
+        self.report(seen, committed=False)
+        while True:
+            queries = [self._start(stage, checkpoint_root / stage.name) for stage in stages]
+            for query in queries:
+                query.awaitTermination()
+            now = {n: last_commit(checkpoint_root / n) for n in names}
+            advanced = any((now[n] or -1) > (seen[n] if seen[n] is not None else -1) for n in names)
+            seen = now
+            if self.stop_requested():
+                self.report(now, committed=advanced, state="STOPPED")
+                return
+            self.report(now, committed=advanced)
+            deadline = time.monotonic() + trigger_seconds
+            while time.monotonic() < deadline:
+                if self.stop_requested():
+                    self.report(now, committed=False, state="STOPPED")
+                    return
+                time.sleep(min(0.25, trigger_seconds))
+
+    def _start(self, stage: Stage, checkpoint: Path):  # type: ignore[no-untyped-def]
+        url, job, name, to_results = self.url, self.job, stage.name, stage.to_results
+
+        def sink(frame, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+            rows = [(str(r[0]), int(r[1])) for r in to_results(frame).collect()]
+            write_batch(url, job, name, batch_id, rows)
+
+        return (
+            stage.frame.writeStream.queryName(name)
+            .outputMode(stage.output_mode)
+            .option("checkpointLocation", str(checkpoint))
+            .foreachBatch(sink)
+            .trigger(availableNow=True)
+            .start()
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--run-id", type=int, required=True)
+    parser.add_argument("--module", required=True)
+    parser.add_argument("--expected-version", required=True)
+    parser.add_argument("--checkpoint-root")
+    parser.add_argument("--trigger-seconds", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+    driver = Driver(Settings.from_env(), args.job, args.run_id)
+    spark = SparkSession.builder.appName(f"changeover-{args.job}").getOrCreate()
+    try:
+        if spark.version != args.expected_version:
+            message = version_mismatch(args.job, spark.version, args.expected_version)
+            print(message, file=sys.stderr, flush=True)
+            driver.fail(message)
+            return 3
+        with session_scope(driver.url) as s:
+            job = s.get(Job, args.job)
+            options = dict(job.options) if job else {}
+        module = importlib.import_module(args.module)
+        context = JobContext(args.job, args.run_id, options, driver.stop_requested)
+        if hasattr(module, "build"):
+            driver.run_streaming(module.build(spark, context), Path(args.checkpoint_root), args.trigger_seconds)
+        else:
+            driver.report({}, committed=False)
+            module.run(spark, context)
+            driver.report({}, committed=False, state="FINISHED")
+        return 0
+    except Exception as exc:
+        driver.fail(f"job {args.job}: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        spark.stop()

@@ -1,0 +1,72 @@
+"""Start and stop the processes Changeover owns, by process group, and only those."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Started:
+    pid: int
+    start_ticks: str  # /proc start time, so a recycled PID is never mistaken for ours
+
+
+def start_ticks(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def spawn(cmd: Sequence[str], env: Mapping[str, str], log_file: Path, cwd: Path | None = None) -> Started:
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        proc = subprocess.Popen(
+            list(cmd), env=dict(env), stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+        )
+    return Started(proc.pid, start_ticks(proc.pid) or "")
+
+
+def is_ours(pid: int | None, ticks: str | None) -> bool:
+    return bool(pid) and start_ticks(pid) == ticks  # type: ignore[arg-type]
+
+
+def stop_group(pid: int | None, ticks: str | None, timeout: float = 20.0) -> bool:
+    """SIGTERM the process group we started, then SIGKILL after a deadline. False if it was gone."""
+    if not is_ours(pid, ticks):
+        return False
+    assert pid is not None
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not is_ours(pid, ticks) or _is_zombie(pid):
+            _reap(pid)
+            return True
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    _reap(pid)
+    return True
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,55 @@
+"""Engine and sessions. SQLite gets WAL and a busy timeout, because drivers, tasks and the CLI share it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+_cached_urls: set[str] = set()
+
+
+@lru_cache(maxsize=8)
+def engine_for(url: str) -> Engine:
+    _cached_urls.add(url)
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 60})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA busy_timeout=60000")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+
+
+@contextmanager
+def session_scope(url: str) -> Iterator[Session]:
+    """A short transaction: commit on success, roll back on error."""
+    session = sessionmaker(engine_for(url), expire_on_commit=False)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def forget_engines() -> None:
+    """Close pooled connections, e.g. after the database file was deleted and must be opened anew."""
+    for url in list(_cached_urls):
+        engine_for(url).dispose()
+    engine_for.cache_clear()
+    _cached_urls.clear()

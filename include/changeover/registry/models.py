@@ -1,0 +1,151 @@
+"""SQLAlchemy 2 typed ORM models of the registry."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Master(Base):
+    """One Spark master per version group."""
+
+    __tablename__ = "masters"
+    version: Mapped[str] = mapped_column(String(32), primary_key=True)
+    host: Mapped[str] = mapped_column(String(64))
+    port: Mapped[int]
+    webui_port: Mapped[int]
+    rest_port: Mapped[int]
+    pid: Mapped[int | None]
+    pid_started: Mapped[str | None] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))  # RUNNING | STOPPED
+
+    @property
+    def url(self) -> str:
+        return f"spark://{self.host}:{self.port}"
+
+
+class Member(Base):
+    """A cluster member: one Spark standalone worker at one Spark version."""
+
+    __tablename__ = "members"
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    version: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(64))
+    webui_port: Mapped[int | None]
+    pid: Mapped[int | None]
+    pid_started: Mapped[str | None] = mapped_column(String(32))
+    # ACTIVE | DRAINING | DRAINED | UPGRADING | STOPPED
+    status: Mapped[str] = mapped_column(String(16))
+    drain_started_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    module: Mapped[str] = mapped_column(String(200))
+    fault_tolerant: Mapped[bool]
+    block_shutdown: Mapped[bool]
+    shutdown_timeout: Mapped[int] = mapped_column(Integer, default=30)
+    options: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # RUN, or STOP when a stop with savepoint has been asked for
+    desired: Mapped[str] = mapped_column(String(16), default="RUN")
+    current_run_id: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class JobRun(Base):
+    """One launch of a job: a Spark driver at one version, with its own checkpoint root."""
+
+    __tablename__ = "job_runs"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    job: Mapped[str] = mapped_column(ForeignKey("jobs.name"), index=True)
+    spark_version: Mapped[str] = mapped_column(String(32))
+    master_url: Mapped[str] = mapped_column(String(200))
+    submission_id: Mapped[str | None] = mapped_column(String(100))
+    member: Mapped[str | None] = mapped_column(String(100))
+    checkpoint_root: Mapped[str | None] = mapped_column(Text)
+    from_savepoint: Mapped[str | None] = mapped_column(String(100))
+    # SUBMITTED | RUNNING | STOPPED (at a batch boundary) | FINISHED | FAILED | KILLED
+    state: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    progress: Mapped[dict[str, Any]] = mapped_column(default=dict)  # stage -> last committed batch
+    submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime | None]
+    first_commit_at: Mapped[datetime | None]
+    last_commit_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+
+
+class Savepoint(Base):
+    __tablename__ = "savepoints"
+    __table_args__ = (UniqueConstraint("job", "name"),)
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    job: Mapped[str] = mapped_column(ForeignKey("jobs.name"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    mode: Mapped[str] = mapped_column(String(16))  # stop | continue
+    status: Mapped[str] = mapped_column(String(16))  # COMPLETED
+    path: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    spark_version: Mapped[str] = mapped_column(String(32))
+    stages: Mapped[dict[str, Any]] = mapped_column(default=dict)  # stage -> last committed batch
+    run_id: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UpgradeRun(Base):
+    __tablename__ = "upgrade_runs"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(250), unique=True)  # e.g. the Airflow run id
+    target_version: Mapped[str] = mapped_column(String(32))
+    members: Mapped[dict[str, Any]] = mapped_column(default=dict)  # member -> old version
+    status: Mapped[str] = mapped_column(String(16))  # RUNNING | SUCCEEDED | FAILED
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+
+class Event(Base):
+    """Append-only audit trail: who did what to which subject, when, and the outcome."""
+
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(250))
+    action: Mapped[str] = mapped_column(String(64), index=True)
+    subject_kind: Mapped[str] = mapped_column(String(32))
+    subject: Mapped[str] = mapped_column(String(200), index=True)
+    outcome: Mapped[str] = mapped_column(String(32))
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class SinkLedger(Base):
+    """Batches an idempotent sink has already written, so a re-run batch is skipped."""
+
+    __tablename__ = "sink_ledger"
+    job: Mapped[str] = mapped_column(String(100), primary_key=True)
+    stage: Mapped[str] = mapped_column(String(100), primary_key=True)
+    batch_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    rows: Mapped[int]
+    written_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class StageResult(Base):
+    """Results of a stage, keyed so that writing the same batch twice changes nothing."""
+
+    __tablename__ = "stage_results"
+    job: Mapped[str] = mapped_column(String(100), primary_key=True)
+    stage: Mapped[str] = mapped_column(String(100), primary_key=True)
+    result_key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger)
+    batch_id: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,42 @@
+"""Moving a fault-tolerant job to another version group: stop at a boundary, savepoint, resume there.
+
+`step` is idempotent: it looks at where the job is and does the next small step only.
+"""
+
+from __future__ import annotations
+
+from changeover import jobs, savepoints
+from changeover.cluster import Membership
+from changeover.errors import ChangeoverError
+from changeover.registry.db import session_scope
+from changeover.settings import Settings
+
+
+def step(
+    settings: Settings,
+    membership: Membership,
+    job_name: str,
+    target_version: str,
+    reason: str,
+    avoid_member: str | None = None,
+) -> bool:
+    """Advance the move of one job. True once it runs (or is launched) on the target version, off avoid_member."""
+    run = jobs.refresh(settings, membership, job_name)
+    with session_scope(settings.database_url) as s:
+        desired = jobs.get_job(s, job_name).desired
+    if run is None:
+        raise ChangeoverError(f"move of job {job_name}", "it was never launched", "submit it first")
+    placed = run.spark_version == target_version and (avoid_member is None or run.member != avoid_member)
+    if run.state in jobs.LIVE and desired == "RUN" and placed:
+        return True
+    if run.state in jobs.LIVE:
+        savepoints.request_stop(settings, job_name, reason)
+        return False
+    if run.state == "STOPPED":
+        name = f"{reason}-run{run.id}"
+        savepoints.take(settings, job_name, name)
+        root = savepoints.restore(settings, job_name, name)
+        jobs.launch(settings, membership, job_name, target_version, root, from_savepoint=name)
+        return True
+    raise ChangeoverError(f"move of job {job_name}", f"its run {run.id} ended as {run.state}",
+                          f"resume it from its newest savepoint: `changeover submit {job_name} --from-savepoint NAME`")

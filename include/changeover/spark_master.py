@@ -1,0 +1,90 @@
+"""A client for one Spark standalone master: its JSON status, REST submissions and decommissioning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from changeover.errors import ChangeoverError
+
+
+@dataclass(frozen=True)
+class DriverStatus:
+    submission_id: str
+    state: str  # SUBMITTED | RUNNING | FINISHED | FAILED | KILLED | ERROR | RELAUNCHING | UNKNOWN
+    worker_host: str | None
+    server_version: str
+
+
+class SparkMaster:
+    def __init__(self, host: str, webui_port: int, rest_port: int, timeout: float = 10.0) -> None:
+        self.host = host
+        self.webui = f"http://{host}:{webui_port}"
+        self.rest = f"http://{host}:{rest_port}/v1/submissions"
+        self.timeout = timeout
+
+    def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = httpx.request(method, url, timeout=self.timeout, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ChangeoverError(
+                f"Spark master at {url}", f"it did not answer ({exc})", "check it with `changeover cluster status`"
+            ) from None
+        return response
+
+    def state(self) -> dict[str, Any]:
+        return self._request("GET", f"{self.webui}/json/").json()
+
+    def alive_workers(self) -> list[dict[str, Any]]:
+        return [w for w in self.state()["workers"] if w["state"] == "ALIVE"]
+
+    def worker_state(self, host: str) -> str | None:
+        """The newest worker registered from host; older DEAD entries stay listed by the master."""
+        workers = [w for w in self.state()["workers"] if w["host"] == host]
+        return max(workers, key=lambda w: w["lastheartbeat"])["state"] if workers else None
+
+    def server_version(self) -> str:
+        return self._request("GET", f"{self.rest}/status/none").json()["serverSparkVersion"]
+
+    def create(self, request: dict[str, Any]) -> str:
+        body = self._request("POST", f"{self.rest}/create", json=request).json()
+        if not body.get("success"):
+            raise ChangeoverError(
+                f"driver submission to {self.rest}", body.get("message", "the master refused it"),
+                "check the master's log under the cluster folder",
+            )
+        return str(body["submissionId"])
+
+    def status(self, submission_id: str) -> DriverStatus:
+        body = self._request("GET", f"{self.rest}/status/{submission_id}").json()
+        host_port = body.get("workerHostPort")
+        return DriverStatus(
+            submission_id=submission_id,
+            state=body.get("driverState", "UNKNOWN"),
+            worker_host=host_port.rsplit(":", 1)[0] if host_port else None,
+            server_version=body["serverSparkVersion"],
+        )
+
+    def kill(self, submission_id: str) -> bool:
+        return bool(self._request("POST", f"{self.rest}/kill/{submission_id}").json().get("success"))
+
+    def decommission(self, host: str) -> None:
+        response = self._request("POST", f"{self.webui}/workers/kill/", data={"host": host})
+        if response.status_code >= 400:
+            raise ChangeoverError(
+                f"decommission of the worker on {host}",
+                f"the master answered HTTP {response.status_code}",
+                "the master must run with spark.decommission.enabled=true",
+            )
+
+    def executors_on(self, host: str) -> int:
+        """Executors of running applications placed on the worker at host."""
+        count = 0
+        for app in self.state().get("activeapps", []):
+            detail = self._request("GET", f"{self.webui}/app/json/", params={"appId": app["id"]})
+            if detail.status_code != 200:
+                continue
+            count += sum(1 for e in detail.json().get("executors", []) if host in str(e.get("worker", "")))
+        return count

@@ -1,0 +1,67 @@
+"""Member upgrade and the rebalance of fault-tolerant jobs onto the largest version group."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from changeover import audit, jobs, relocate, routing
+from changeover.cluster import LocalCluster
+from changeover.errors import ChangeoverError
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, Member
+from changeover.runtimes import check_version, find_runtime
+from changeover.settings import Settings
+
+
+def upgrade_member(settings: Settings, cluster: LocalCluster, member: str, version: str) -> str:
+    """Restart a drained member's worker from the new runtime. Returns the version it had before."""
+    check_version(version)
+    find_runtime(settings.runtimes_dir, version)
+    with session_scope(settings.database_url) as s:
+        row = LocalCluster._member(s, member)
+        old, status = row.version, row.status
+        if old == version and status == "ACTIVE":
+            return old  # already done: a retried task changes nothing
+        if status not in ("DRAINED", "UPGRADING", "STOPPED"):
+            raise ChangeoverError(f"upgrade of member {member}", f"it is {status}, and jobs may still run on it",
+                                  f"drain it first with `changeover drain {member}`")
+        row.status = "UPGRADING"
+        audit.record(s, "member.upgrade.begin", "member", member, from_version=old, to_version=version)
+    cluster.stop_worker(member)
+    cluster.start_worker(member, version)
+    if old != version:
+        cluster.stop_master_if_empty(old)
+    with session_scope(settings.database_url) as s:
+        audit.record(s, "member.upgrade", "member", member, from_version=old, to_version=version)
+    return old
+
+
+def rebalance_step(settings: Settings, cluster: LocalCluster) -> list[str]:
+    """Move fault-tolerant jobs that run off the largest group. Returns the jobs still moving."""
+    target = routing.target_version(settings)
+    with session_scope(settings.database_url) as s:
+        names = s.scalars(select(Job.name).where(Job.fault_tolerant.is_(True)).order_by(Job.name)).all()
+    moving = []
+    for name in names:
+        run = jobs.refresh(settings, cluster, name)
+        if run is None or run.state not in (*jobs.LIVE, "STOPPED"):
+            continue
+        if not relocate.step(settings, cluster, name, target, reason=f"rebalance-{target}"):
+            moving.append(name)
+    return moving
+
+
+def members_at(settings: Settings, version: str) -> list[str]:
+    with session_scope(settings.database_url) as s:
+        return list(s.scalars(select(Member.name).where(Member.version == version)))
+
+
+def jobs_stopping(settings: Settings) -> list[str]:
+    """Fault-tolerant jobs asked to stop whose driver has not reached a batch boundary yet."""
+    with session_scope(settings.database_url) as s:
+        stopping = []
+        for job in s.scalars(select(Job).where(Job.desired == "STOP")):
+            run = jobs.current_run(s, job)
+            if run is not None and run.state in jobs.LIVE:
+                stopping.append(job.name)
+        return stopping

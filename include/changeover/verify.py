@@ -1,0 +1,92 @@
+"""Preflight checks before a rolling upgrade, and the verification after it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from changeover import audit, jobs, processes, routing
+from changeover.cluster import LocalCluster
+from changeover.errors import ChangeoverError
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, Master, Member, UpgradeRun, utcnow
+from changeover.runtimes import check_version, find_runtime, java_home
+from changeover.settings import Settings
+
+
+@dataclass(frozen=True)
+class UpgradePlan:
+    target_version: str
+    members: list[str]
+    old_versions: dict[str, str]
+    jobs: list[dict[str, Any]]
+
+    def describe(self) -> list[str]:
+        lines = [f"target Spark {self.target_version}; members in order: {', '.join(self.members) or 'none'}"]
+        lines += [f"  {m}: {self.old_versions[m]} -> {self.target_version}" for m in self.members]
+        lines += [f"  job {j['name']}: {j['state']} on {j['member']} at {j['version']}" for j in self.jobs]
+        return lines
+
+
+def preflight(
+    settings: Settings, cluster: LocalCluster, target: str, requested: list[str], upgrade_key: str
+) -> UpgradePlan:
+    check_version(target)
+    find_runtime(settings.runtimes_dir, target)
+    java_home()
+    with session_scope(settings.database_url) as s:
+        rows = {m.name: m for m in s.scalars(select(Member).order_by(Member.name))}
+        for name in requested:
+            if name not in rows:
+                raise ChangeoverError(f"member {name!r}", f"no such member (known: {', '.join(rows) or 'none'})",
+                                      "use names from `changeover cluster status`, or leave members empty for all")
+        chosen = requested or list(rows)
+        stopped = [n for n in chosen if rows[n].status == "STOPPED"]
+        if stopped:
+            raise ChangeoverError(f"members {', '.join(stopped)}", "they are stopped",
+                                  "start the cluster with `changeover cluster up` first")
+        todo = [n for n in chosen if not (rows[n].version == target and rows[n].status == "ACTIVE")]
+        old = {n: rows[n].version for n in todo}
+        run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
+        if run is None:
+            s.add(UpgradeRun(key=upgrade_key, target_version=target, members=old, status="RUNNING"))
+            audit.record(s, "upgrade.begin", "upgrade", upgrade_key, target_version=target, members=old)
+    for name in {rows[n].version for n in todo}:
+        cluster.master(name)  # each group being left must have a live master
+    return UpgradePlan(target, todo, old, [j for j in jobs.list_jobs(settings) if j["state"] in jobs.LIVE])
+
+
+def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: str) -> dict[str, Any]:
+    problems: list[str] = []
+    with session_scope(settings.database_url) as s:
+        run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
+        members = dict(run.members) if run else {}
+        for name in members:
+            m = s.get(Member, name)
+            if m is None or m.version != target or m.status != "ACTIVE" or not processes.is_ours(m.pid, m.pid_started):
+                problems.append(f"member {name} is {m.status if m else 'gone'} at {m.version if m else '?'}")
+        in_use = set(s.scalars(select(Member.version).where(Member.status != "STOPPED")))
+        for master in s.scalars(select(Master).where(Master.status == "RUNNING")):
+            if master.version not in in_use:
+                problems.append(f"the {master.version} master still runs with no members")
+        names = s.scalars(select(Job.name).where(Job.fault_tolerant.is_(True))).all()
+    largest = routing.target_version(settings)
+    placed = {}
+    for name in names:
+        job_run = jobs.refresh(settings, cluster, name)
+        if job_run is not None and job_run.state in jobs.LIVE:
+            placed[name] = job_run.spark_version
+            if job_run.spark_version != largest:
+                problems.append(f"job {name} runs at {job_run.spark_version}, not on the largest group {largest}")
+    with session_scope(settings.database_url) as s:
+        run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
+        if run is not None:
+            run.status, run.finished_at = ("FAILED" if problems else "SUCCEEDED"), utcnow()
+        audit.record(s, "upgrade.verify", "upgrade", upgrade_key, outcome="failed" if problems else "ok",
+                     members=members, jobs=placed, problems=problems)
+    if problems:
+        raise ChangeoverError(f"upgrade {upgrade_key}", "; ".join(problems),
+                              "look at the audit trail with `changeover events` and retry the failed task")
+    return {"target_version": target, "members": members, "jobs": placed}

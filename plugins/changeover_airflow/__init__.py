@@ -1,0 +1,1 @@
+"""Airflow operators, hook and trigger for Changeover. Thin over the `changeover` core."""

@@ -1,0 +1,67 @@
+"""Fixtures: a registry on SQLite and, when CHANGEOVER_TEST_DATABASE_URL is set, on PostgreSQL too."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from changeover.cluster import LocalCluster
+from changeover.registry.db import forget_engines
+from changeover.registry.schema import migrate
+from changeover.settings import Settings
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+PG_ADMIN_URL = os.environ.get("CHANGEOVER_TEST_DATABASE_URL")
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[callable]:
+    """Creates throwaway PostgreSQL databases and drops them at the end of the session."""
+    created: list[str] = []
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT") if PG_ADMIN_URL else None
+
+    def make(prefix: str) -> str:
+        assert admin is not None
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        created.append(name)
+        return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+
+    yield make
+    forget_engines()
+    if admin is not None:
+        with admin.connect() as conn:
+            for name in created:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path, pg_database: callable) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'registry.db'}"
+    if not PG_ADMIN_URL:
+        pytest.skip("set CHANGEOVER_TEST_DATABASE_URL to run this against PostgreSQL (CI does)")
+    return pg_database("changeover_test")
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str) -> Settings:
+    settings = Settings.from_env(home=tmp_path / "home", database_url=database_url)
+    migrate(database_url)
+    return settings
+
+
+@pytest.fixture
+def cluster(settings: Settings) -> Iterator[LocalCluster]:
+    """A local cluster whose processes are stopped after the test, also when it fails."""
+    local = LocalCluster(settings)
+    try:
+        yield local
+    finally:
+        local.down()

@@ -1,0 +1,42 @@
+"""The runtime wrapper refuses a Spark version other than the one it was launched for, before any batch."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from changeover.jobs import DRIVER, INCLUDE
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, JobRun
+from changeover.runtimes import find_runtime, java_home
+from changeover.settings import Settings
+
+pytestmark = pytest.mark.slow
+
+
+def test_mismatched_spark_version_is_refused_before_any_batch(settings: Settings, tmp_path: Path) -> None:
+    runtime = find_runtime(settings.runtimes_dir, "4.2.0")
+    with session_scope(settings.database_url) as s:
+        s.add(Job(name="clicks", module="jobs.clicks", fault_tolerant=True, block_shutdown=False,
+                  options={"landing": str(tmp_path / "landing")}))
+        s.flush()
+        run = JobRun(job="clicks", spark_version="4.3.0", master_url="local[1]", state="SUBMITTED", progress={})
+        s.add(run)
+        s.flush()
+        s.get(Job, "clicks").current_run_id = run_id = run.id
+    checkpoints = tmp_path / "checkpoints"
+    env = {**os.environ, **settings.as_env(), "PYTHONPATH": str(INCLUDE), "PYSPARK_PYTHON": str(runtime.python),
+           "JAVA_HOME": str(java_home()), "SPARK_HOME": str(runtime.spark_home)}
+    result = subprocess.run(
+        [str(runtime.spark_home / "bin" / "spark-submit"), "--master", "local[1]", "--conf", "spark.ui.enabled=false",
+         str(DRIVER), "--job", "clicks", "--run-id", str(run_id), "--module", "jobs.clicks",
+         "--expected-version", "4.3.0", "--checkpoint-root", str(checkpoints)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0
+    assert "job clicks: refused to start on Spark 4.2.0: it was launched for the 4.3.0 version group" in result.stderr
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, run_id)
+        assert run.state == "FAILED" and "refused to start on Spark 4.2.0" in run.error
+        assert run.first_commit_at is None
+    assert not list(checkpoints.rglob("commits/*")), "no batch may run on a mismatched version"
