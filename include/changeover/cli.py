@@ -15,6 +15,7 @@ from sqlalchemy import select
 from changeover import drain, jobs, savepoints, upgrade
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
+from changeover.names import check_name
 from changeover.registry.db import session_scope
 from changeover.registry.models import Event
 from changeover.registry.schema import migrate
@@ -130,6 +131,7 @@ def savepoint(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the stop.")] = 120,
 ) -> None:
     """Take a savepoint of a job (seed 002's save-snapshot)."""
+    check_name("savepoint", name)
     settings = _settings()
     cluster = LocalCluster(settings)
     if not cancel:

@@ -21,7 +21,7 @@ from changeover.timeutil import as_utc
 
 FROM_VERSION, TO_VERSION = "4.2.0", "4.3.0"
 MEMBERS = ["m1", "m2", "m3"]
-console = Console()
+console = Console(soft_wrap=True)
 
 
 def run_demo() -> int:
@@ -58,7 +58,8 @@ def run_demo() -> int:
         env = local_airflow.airflow_env(settings)
         local_airflow.migrate_airflow(env)
         log = settings.home / "airflow-dags-test.log"
-        code = local_airflow.dags_test("rolling_upgrade", {"target_version": TO_VERSION, "members": order, "shutdown_timeout": 30}, env, log)
+        conf = {"target_version": TO_VERSION, "members": order, "shutdown_timeout": 30}
+        code = local_airflow.dags_test("rolling_upgrade", conf, env, log)
         if code != 0:
             console.print(log.read_text(errors="replace")[-6000:])
             console.print(f"[red]rolling_upgrade failed (exit {code}); full log: {log}")

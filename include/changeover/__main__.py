@@ -1,0 +1,3 @@
+from changeover.cli import main
+
+main()

@@ -1,0 +1,53 @@
+"""The CLI refuses bad input with a one-line error and exit code 2, and changes nothing."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from changeover.settings import Settings
+
+CLI = [sys.executable, "-m", "changeover"]
+
+
+def run(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **settings.as_env(), "COLUMNS": "200"}
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["drain", "ghost"], "member 'ghost': no such member"),
+        (["upgrade", "ghost", "--to", "4.3.0"], "member 'ghost': no such member"),
+        (["upgrade", "ghost", "--to", "7.0.0"], "Spark version '7.0.0'"),
+        (["savepoint", "clicks", "../evil", "--cancel"], "savepoint name '../evil'"),
+        (["savepoint", "clicks", "a/b", "--cancel"], "savepoint name 'a/b'"),
+        (["savepoint", "ghost", "sp1", "--cancel"], "job 'ghost': no such job"),
+        (["submit", "jobs.clicks", "--name", "x/y"], "job name 'x/y'"),
+        (["submit", "jobs.nope", "--name", "x"], "job module 'jobs.nope'"),
+    ],
+)
+def test_bad_input_is_refused_in_one_line(settings: Settings, args: list[str], message: str) -> None:
+    result = run(settings, *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    status = json.loads(run(settings, "cluster", "status", "--json").stdout)
+    assert status == {"members": [], "masters": []}
+
+
+def test_listings_speak_json(settings: Settings) -> None:
+    for args in (["savepoints", "--json"], ["jobs", "--json"], ["events", "--json"]):
+        result = run(settings, *args)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout) == []
+
+
+def test_missing_runtime_is_refused(settings: Settings, tmp_path: Path) -> None:
+    env = {**os.environ, **settings.as_env(), "CHANGEOVER_RUNTIMES": str(tmp_path / "none")}
+    result = subprocess.run([*CLI, "cluster", "up", "--members", "a"], env=env, capture_output=True, text=True)
+    assert result.returncode == 2 and "Spark runtime 4.2.0: it is not installed" in result.stderr
