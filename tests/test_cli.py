@@ -2,12 +2,12 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 from changeover.settings import Settings
 
 CLI = [sys.executable, "-m", "changeover"]
@@ -51,3 +51,15 @@ def test_missing_runtime_is_refused(settings: Settings, tmp_path: Path) -> None:
     env = {**os.environ, **settings.as_env(), "CHANGEOVER_RUNTIMES": str(tmp_path / "none")}
     result = subprocess.run([*CLI, "cluster", "up", "--members", "a"], env=env, capture_output=True, text=True)
     assert result.returncode == 2 and "Spark runtime 4.2.0: it is not installed" in result.stderr
+
+
+def test_busy_port_is_refused_and_nothing_starts(settings: Settings) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = run(settings, "cluster", "up", "--members", "a", "--master-port", str(port))
+    assert result.returncode == 2
+    assert f"port {port} on 127.0.0.1 for the Spark 4.2.0 master: it is already in use" in result.stderr
+    status = json.loads(run(settings, "cluster", "status", "--json").stdout)
+    assert status == {"members": [], "masters": []}

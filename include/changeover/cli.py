@@ -53,9 +53,11 @@ def _emit(rows: list[dict[str, Any]] | dict[str, Any], as_json: bool, columns: l
 def cluster_up(
     members: Annotated[str, typer.Option(help="Comma-separated member names.")] = "m1,m2,m3",
     version: Annotated[str, typer.Option(help="Spark version of the new members.")] = "4.2.0",
+    master_port: Annotated[int | None, typer.Option(help="Port of a new master; free one if unset.")] = None,
 ) -> None:
     """Start a master per version group and a worker per member."""
-    LocalCluster(_settings()).up([(name.strip(), version) for name in members.split(",") if name.strip()])
+    specs = [(name.strip(), version) for name in members.split(",") if name.strip()]
+    LocalCluster(_settings()).up(specs, master_port)
     cluster_status(as_json=False)
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from changeover import audit, processes
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
-from changeover.ports import free_port
+from changeover.ports import free_port, require_free
 from changeover.registry.db import session_scope
 from changeover.registry.models import Master, Member
 from changeover.runtimes import Runtime, find_runtime, java_home
@@ -30,7 +30,7 @@ WORKER_MEMORY = "4g"
 
 class Membership(Protocol):
     def master(self, version: str) -> SparkMaster: ...
-    def ensure_master(self, version: str) -> Master: ...
+    def ensure_master(self, version: str, port: int | None = None) -> Master: ...
     def stop_master_if_empty(self, version: str) -> bool: ...
     def start_worker(self, member: str, version: str) -> None: ...
     def stop_worker(self, member: str) -> None: ...
@@ -105,13 +105,13 @@ class LocalCluster:
             return 0  # the worker is gone, and its executors with it
 
     # -- actions -----------------------------------------------------------------------------
-    def up(self, specs: list[tuple[str, str]]) -> None:
+    def up(self, specs: list[tuple[str, str]], master_port: int | None = None) -> None:
         java_home()
         for name, version in specs:
             check_name("member", name)
             find_runtime(self.settings.runtimes_dir, version)
         for name, version in specs:
-            self.ensure_master(version)
+            self.ensure_master(version, master_port)
             self.start_worker(name, version)
 
     def down(self) -> list[str]:
@@ -137,13 +137,14 @@ class LocalCluster:
                 raise
         return stopped
 
-    def ensure_master(self, version: str) -> Master:
+    def ensure_master(self, version: str, port: int | None = None) -> Master:
         runtime = find_runtime(self.settings.runtimes_dir, version)
         with session_scope(self.url) as s:
             row = s.get(Master, version)
             if row and row.status == "RUNNING" and processes.is_ours(row.pid, row.pid_started):
                 return row
-        port, webui, rest = free_port(), free_port(), free_port()
+        port = require_free("127.0.0.1", port, f"the Spark {version} master") if port else free_port()
+        webui, rest = free_port(), free_port()
         opts = (
             f"-Dspark.master.rest.enabled=true -Dspark.master.rest.port={rest} "
             "-Dspark.decommission.enabled=true -Dspark.deploy.spreadOut=true"
