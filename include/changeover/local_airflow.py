@@ -40,7 +40,9 @@ def airflow_env(settings: Settings, airflow_home: Path | None = None, sql_conn: 
 
 
 def migrate_airflow(env: dict[str, str]) -> None:
-    subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, check=True, capture_output=True)
+    result = subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"airflow db migrate failed:\n{(result.stdout + result.stderr)[-4000:]}")
 
 
 def dags_test(dag_id: str, conf: dict[str, Any], env: dict[str, str], log: Path) -> int:
