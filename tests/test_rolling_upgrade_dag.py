@@ -11,7 +11,6 @@ from changeover.generator import Generator
 from changeover.registry.db import session_scope
 from changeover.registry.models import Event
 from changeover.settings import Settings
-from helpers import wait_for_commit
 from sqlalchemy import select
 
 pytestmark = pytest.mark.slow
@@ -26,7 +25,7 @@ def test_rolling_upgrade_moves_a_live_stateful_job_without_losing_a_row(
     generator.start(interval=0.5)
     try:
         jobs.submit(settings, cluster, "jobs.clicks", "clicks", options={"landing": str(generator.landing)})
-        wait_for_commit(settings, cluster, "clicks")
+        jobs.wait_until_committed(settings, cluster, "clicks")
         # Airflow's own metadata lives in the same kind of database as the registry.
         airflow_db = (f"sqlite:///{tmp_path / 'airflow.db'}" if database_url.startswith("sqlite")
                       else pg_database("changeover_airflow"))

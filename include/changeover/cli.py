@@ -98,10 +98,8 @@ def runtime_list(as_json: JsonFlag = False) -> None:
 @app.command("jobs")
 def list_jobs(as_json: JsonFlag = False) -> None:
     """Jobs with their current run: state, version and member."""
-    settings, cluster = _settings(), None
-    cluster = LocalCluster(settings)
-    for row in jobs.list_jobs(settings):
-        jobs.refresh(settings, cluster, row["name"])
+    settings = _settings()
+    jobs.refresh_all(settings, LocalCluster(settings))
     _emit(jobs.list_jobs(settings), as_json, [("NAME", "name"), ("STATE", "state"), ("VERSION", "version"),
                                               ("MEMBER", "member"), ("RUN", "run"), ("PROGRESS", "progress")])
 

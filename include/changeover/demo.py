@@ -44,13 +44,12 @@ def run_demo() -> int:
         console.rule("2. jobs: a stateful stream, a block_shutdown batch job, an ad-hoc job")
         jobs.submit(settings, cluster, "jobs.clicks", "clicks",
                     options={"landing": str(generator.landing), "trigger_seconds": 1})
-        wait_for(lambda: _run(settings, cluster, "clicks").first_commit_at is not None, 240,
-                 "the clicks job committing its first batch")
+        jobs.wait_until_committed(settings, cluster, "clicks")
         jobs.submit(settings, cluster, "jobs.nightly_report", "nightly_report", fault_tolerant=False,
                     block_shutdown=True, options={"duration_seconds": 90})
         jobs.submit(settings, cluster, "jobs.adhoc_scan", "adhoc_scan", fault_tolerant=False, shutdown_timeout=10)
-        wait_for(lambda: all(_run(settings, cluster, j).state == "RUNNING" and _run(settings, cluster, j).member
-                             for j in ("nightly_report", "adhoc_scan")), 240, "the batch jobs starting")
+        wait_for(lambda: all(_placed(settings, cluster, j) for j in ("nightly_report", "adhoc_scan")), 240,
+                 "the batch jobs starting")
         order = _drain_order(settings, cluster)
         for row in jobs.list_jobs(settings):
             console.print(f"  {row['name']:<15} {row['state']:<9} on {row['member']} at Spark {row['version']}")
@@ -81,6 +80,11 @@ def _run(settings: Settings, cluster: LocalCluster, job: str) -> JobRun:
     if run.state in ("FAILED", "KILLED"):
         raise RuntimeError(f"job {job} ended as {run.state}: {run.error}")
     return run
+
+
+def _placed(settings: Settings, cluster: LocalCluster, job: str) -> bool:
+    run = _run(settings, cluster, job)
+    return run.state == "RUNNING" and run.member is not None
 
 
 def _drain_order(settings: Settings, cluster: LocalCluster) -> list[str]:

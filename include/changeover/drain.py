@@ -54,15 +54,10 @@ class DrainPlan:
 
 
 def jobs_on(settings: Settings, membership: Membership, member: str) -> list[tuple[Job, JobRun]]:
-    with session_scope(settings.database_url) as s:
-        names = s.scalars(select(Job.name)).all()
     found = []
-    for name in names:
-        run = jobs.refresh(settings, membership, name)
+    for job, run in jobs.refresh_all(settings, membership):
         if run is None or run.member != member:
             continue
-        with session_scope(settings.database_url) as s:
-            job = jobs.get_job(s, name)
         # A job stopped for a savepoint is still ours to save and resume until it runs elsewhere.
         if run.state in jobs.LIVE or (run.state == "STOPPED" and job.desired == "STOP"):
             found.append((job, run))

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 
 from changeover import audit, routing
-from changeover.cluster import Membership
+from changeover.cluster import Membership, wait_for
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
 from changeover.registry.db import session_scope
@@ -179,6 +179,33 @@ def refresh(settings: Settings, membership: Membership, job_name: str) -> JobRun
         elif observed == "RUNNING" and run.state == "SUBMITTED" and run.heartbeat_at is not None:
             run.state = "RUNNING"
         return run
+
+
+def refresh_all(
+    settings: Settings, membership: Membership, fault_tolerant_only: bool = False
+) -> list[tuple[Job, JobRun | None]]:
+    """Every job (or every fault-tolerant one) with its freshly observed current run."""
+    with session_scope(settings.database_url) as s:
+        query = select(Job).order_by(Job.name)
+        if fault_tolerant_only:
+            query = query.where(Job.fault_tolerant.is_(True))
+        listed = list(s.scalars(query))
+    return [(job, refresh(settings, membership, job.name)) for job in listed]
+
+
+def wait_until_committed(settings: Settings, membership: Membership, job_name: str, timeout: float = 240) -> JobRun:
+    """Wait for the current run's first committed batch; a run that ends first is an error at once."""
+
+    def committed() -> bool:
+        run = refresh(settings, membership, job_name)
+        if run is None or run.state in ("FAILED", "KILLED", "FINISHED"):
+            raise RuntimeError(f"job {job_name} ended before its first commit: {run and run.error}")
+        return run.first_commit_at is not None
+
+    wait_for(committed, timeout, f"job {job_name} committing its first batch")
+    run = refresh(settings, membership, job_name)
+    assert run is not None
+    return run
 
 
 def cancel(settings: Settings, membership: Membership, job_name: str, reason: str) -> None:

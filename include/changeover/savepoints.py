@@ -20,7 +20,7 @@ from changeover.errors import ChangeoverError
 from changeover.jobs import current_run, get_job, new_checkpoint_root
 from changeover.names import check_name
 from changeover.registry.db import session_scope
-from changeover.registry.models import Job, JobRun, Savepoint
+from changeover.registry.models import Savepoint
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 
@@ -121,10 +121,3 @@ def list_savepoints(settings: Settings, job: str | None = None) -> list[dict[str
              "stages": sp.stages}
             for sp in s.scalars(query)
         ]
-
-
-def stopped_runs(settings: Settings, job_name: str) -> JobRun | None:
-    with session_scope(settings.database_url) as s:
-        job: Job = get_job(s, job_name)
-        run = current_run(s, job)
-        return run if run is not None and run.state == "STOPPED" else None

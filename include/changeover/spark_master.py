@@ -78,13 +78,3 @@ class SparkMaster:
                 f"the master answered HTTP {response.status_code}",
                 "the master must run with spark.decommission.enabled=true",
             )
-
-    def executors_on(self, host: str) -> int:
-        """Executors of running applications placed on the worker at host."""
-        count = 0
-        for app in self.state().get("activeapps", []):
-            detail = self._request("GET", f"{self.webui}/app/json/", params={"appId": app["id"]})
-            if detail.status_code != 200:
-                continue
-            count += sum(1 for e in detail.json().get("executors", []) if host in str(e.get("worker", "")))
-        return count

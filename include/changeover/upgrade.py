@@ -8,7 +8,7 @@ from changeover import audit, jobs, relocate, routing
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
-from changeover.registry.models import Job, Member
+from changeover.registry.models import Job
 from changeover.runtimes import check_version, find_runtime
 from changeover.settings import Settings
 
@@ -39,21 +39,13 @@ def upgrade_member(settings: Settings, cluster: LocalCluster, member: str, versi
 def rebalance_step(settings: Settings, cluster: LocalCluster) -> list[str]:
     """Move fault-tolerant jobs that run off the largest group. Returns the jobs still moving."""
     target = routing.target_version(settings)
-    with session_scope(settings.database_url) as s:
-        names = s.scalars(select(Job.name).where(Job.fault_tolerant.is_(True)).order_by(Job.name)).all()
     moving = []
-    for name in names:
-        run = jobs.refresh(settings, cluster, name)
+    for job, run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True):
         if run is None or run.state not in (*jobs.LIVE, "STOPPED"):
             continue
-        if not relocate.step(settings, cluster, name, target, reason=f"rebalance-{target}"):
-            moving.append(name)
+        if not relocate.step(settings, cluster, job.name, target, reason=f"rebalance-{target}"):
+            moving.append(job.name)
     return moving
-
-
-def members_at(settings: Settings, version: str) -> list[str]:
-    with session_scope(settings.database_url) as s:
-        return list(s.scalars(select(Member.name).where(Member.version == version)))
 
 
 def jobs_stopping(settings: Settings) -> list[str]:

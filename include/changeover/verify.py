@@ -11,7 +11,7 @@ from changeover import audit, jobs, processes, routing
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
-from changeover.registry.models import Job, Master, Member, UpgradeRun, utcnow
+from changeover.registry.models import Master, Member, UpgradeRun, utcnow
 from changeover.runtimes import check_version, find_runtime, java_home
 from changeover.settings import Settings
 
@@ -71,15 +71,13 @@ def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: 
         for master in s.scalars(select(Master).where(Master.status == "RUNNING")):
             if master.version not in in_use:
                 problems.append(f"the {master.version} master still runs with no members")
-        names = s.scalars(select(Job.name).where(Job.fault_tolerant.is_(True))).all()
     largest = routing.target_version(settings)
     placed = {}
-    for name in names:
-        job_run = jobs.refresh(settings, cluster, name)
+    for job, job_run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True):
         if job_run is not None and job_run.state in jobs.LIVE:
-            placed[name] = job_run.spark_version
+            placed[job.name] = job_run.spark_version
             if job_run.spark_version != largest:
-                problems.append(f"job {name} runs at {job_run.spark_version}, not on the largest group {largest}")
+                problems.append(f"job {job.name} runs at {job_run.spark_version}, not on the largest group {largest}")
     with session_scope(settings.database_url) as s:
         run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
         if run is not None:
