@@ -16,11 +16,11 @@ demo: java $(VENV)/.installed runtimes airflow-db
 	$(BIN)/changeover demo
 
 test: java $(VENV)/.installed runtimes airflow-db
-	$(BIN)/ruff check dags plugins include tests
+	$(BIN)/ruff check dags plugins include tests bench
 	$(BIN)/pytest -v -rs --durations=15
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check dags plugins include tests
+	$(BIN)/ruff check dags plugins include tests bench
 
 java:
 	@command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || { \

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from datetime import timedelta
 from typing import Annotated, Any
 
 import typer
@@ -104,11 +105,28 @@ def list_jobs(as_json: JsonFlag = False) -> None:
                                               ("MEMBER", "member"), ("RUN", "run"), ("PROGRESS", "progress")])
 
 
+def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    pairs = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ChangeoverError(f"{what} {item!r}", "it is not of the form KEY=VALUE", f"write it as {what} A=B")
+        pairs[key] = value
+    return pairs
+
+
 @app.command("submit")
 def submit(
     module: Annotated[str, typer.Argument(help="Job module under include/, e.g. jobs.clicks.")],
     name: Annotated[str, typer.Option("--name", help="Job name.")],
-    from_savepoint: Annotated[str | None, typer.Option("--from-savepoint")] = None,
+    from_savepoint: Annotated[str | None, typer.Option(
+        "--from-savepoint", help="NAME, or JOB/NAME for another job's savepoint.")] = None,
+    rename_stage: Annotated[list[str] | None, typer.Option(
+        "--rename-stage", help="OLD=NEW: restore the savepoint's stage OLD into the job's stage NEW.")] = None,
+    allow_non_restored_state: Annotated[bool, typer.Option(
+        "--allow-non-restored-state", help="Drop state of stages the job no longer has.")] = False,
+    rewind_sink: Annotated[bool, typer.Option(
+        "--rewind-sink", help="Resuming an older savepoint: forget the sink's later batches.")] = False,
     fault_tolerant: Annotated[bool, typer.Option("--fault-tolerant/--no-fault-tolerant")] = True,
     block_shutdown: Annotated[bool, typer.Option("--block-shutdown")] = False,
     shutdown_timeout: Annotated[int, typer.Option(help="Seconds a drain waits before cancelling.")] = 30,
@@ -116,46 +134,75 @@ def submit(
 ) -> None:
     """Submit a job to the largest version group, optionally from a savepoint."""
     settings = _settings()
-    options = dict(item.split("=", 1) for item in option or [])
     run = jobs.submit(settings, LocalCluster(settings), module, name, fault_tolerant=fault_tolerant,
-                      block_shutdown=block_shutdown, shutdown_timeout=shutdown_timeout, options=options,
-                      from_savepoint=from_savepoint)
+                      block_shutdown=block_shutdown, shutdown_timeout=shutdown_timeout,
+                      options=_pairs(option, "--option"), from_savepoint=from_savepoint,
+                      rename_stages=_pairs(rename_stage, "--rename-stage"),
+                      allow_non_restored_state=allow_non_restored_state, rewind_sink=rewind_sink)
     out.print(f"job {name}: run {run.id} submitted to Spark {run.spark_version} as {run.submission_id}")
 
 
 @app.command("savepoint")
 def savepoint(
-    job: str,
-    name: str,
+    words: Annotated[list[str], typer.Argument(metavar="JOB NAME | delete JOB NAME")],
     cancel: Annotated[bool, typer.Option("--cancel", "-C", help="Stop the job at a batch boundary first.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the stop.")] = 120,
 ) -> None:
-    """Take a savepoint of a job (seed 002's save-snapshot)."""
+    """Take a savepoint of a job (seed 002's save-snapshot), or delete one.
+
+    Without --cancel the job keeps running (Flink's `savepoint`); with it, the job stops at a batch
+    boundary first (Flink's `stop --savepointPath`).
+    """
+    if len(words) == 3 and words[0] == "delete":
+        savepoints.delete(_settings(), words[1], words[2])
+        out.print(f"savepoint {words[2]} of job {words[1]} deleted")
+        return
+    if len(words) != 2:
+        raise ChangeoverError(f"savepoint {' '.join(words)!r}", "it takes JOB NAME, or delete JOB NAME",
+                              "see `changeover savepoint --help`")
+    job, name = words
     check_name("savepoint", name)
     settings = _settings()
-    cluster = LocalCluster(settings)
-    if not cancel:
-        raise ChangeoverError(f"savepoint {name!r} of job {job}", "savepoints that let the job continue are "
-                              "not available yet", "pass --cancel to stop the job with a savepoint")
-    with session_scope(settings.database_url) as s:
-        jobs.get_job(s, job)
-    savepoints.request_stop(settings, job, reason=f"savepoint {name}")
-    deadline = time.monotonic() + timeout
-    while (run := jobs.refresh(settings, cluster, job)) is not None and run.state in jobs.LIVE:
-        if time.monotonic() > deadline:
-            raise ChangeoverError(f"savepoint {name!r} of job {job}", f"the job did not stop within {timeout:.0f} s",
-                                  "retry with a larger --timeout")
-        time.sleep(0.5)
-    sp = savepoints.take(settings, job, name)
-    out.print(f"savepoint {sp.name} of job {job}: {sp.size_bytes:,} bytes at batches {sp.stages}")
+    savepoints.check_available(settings, job, name)
+    if cancel:
+        cluster = LocalCluster(settings)
+        savepoints.request_stop(settings, job, reason=f"savepoint {name}")
+        deadline = time.monotonic() + timeout
+        while (run := jobs.refresh(settings, cluster, job)) is not None and run.state in jobs.LIVE:
+            if time.monotonic() > deadline:
+                raise ChangeoverError(f"savepoint {name!r} of job {job}",
+                                      f"the job did not stop within {timeout:.0f} s", "retry with a larger --timeout")
+            time.sleep(0.5)
+    sp = savepoints.take(settings, job, name, mode="stop" if cancel else "continue")
+    out.print(f"savepoint {sp.name} of job {job} ({sp.mode}): {sp.size_bytes:,} bytes at batches {sp.stages}")
 
 
 @app.command("savepoints")
 def list_savepoints(job: Annotated[str | None, typer.Option()] = None, as_json: JsonFlag = False) -> None:
-    """TIME, SIZE (bytes), JOB NAME, SAVEPOINT NAME, as in seed 002."""
+    """TIME, SIZE (bytes), JOB NAME, SAVEPOINT NAME, as in seed 002, with Spark version and mode."""
     _emit(savepoints.list_savepoints(_settings(), job), as_json,
           [("TIME", "time"), ("SIZE (bytes)", "size_bytes"), ("JOB NAME", "job"), ("SAVEPOINT NAME", "name"),
            ("SPARK", "spark_version"), ("MODE", "mode")])
+
+
+@app.command("retention")
+def retention(
+    job: str,
+    max_count: Annotated[int | None, typer.Option(min=1, help="Keep at most this many savepoints.")] = None,
+    max_age_hours: Annotated[float | None, typer.Option(min=0, help="Delete savepoints older than this.")] = None,
+) -> None:
+    """Apply a retention policy; the newest savepoint and those an unfinished upgrade uses are kept."""
+    age = timedelta(hours=max_age_hours) if max_age_hours is not None else None
+    deleted = savepoints.apply_retention(_settings(), job, max_count, age)
+    out.print(f"deleted: {', '.join(deleted) or 'nothing'}")
+
+
+@app.command("reconcile")
+def reconcile() -> None:
+    """Remove what crashed savepoints left behind: PENDING rows and staging folders."""
+    removed = savepoints.reconcile(_settings())
+    rows, folders = ", ".join(removed["rows"]) or "none", ", ".join(removed["folders"]) or "none"
+    out.print(f"removed rows: {rows}; folders: {folders}")
 
 
 @app.command("drain")

@@ -35,6 +35,8 @@ class Membership(Protocol):
     def start_worker(self, member: str, version: str) -> None: ...
     def stop_worker(self, member: str) -> None: ...
     def executors_on(self, member: str) -> int: ...
+    def decommission(self, member: str) -> None: ...
+    def is_decommissioned(self, member: str) -> bool: ...
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.5) -> None:
@@ -104,7 +106,25 @@ class LocalCluster:
         except httpx.HTTPError:
             return 0  # the worker is gone, and its executors with it
 
+    def is_decommissioned(self, member: str) -> bool:
+        """True once the master no longer places work on the member's worker (or it is gone)."""
+        with session_scope(self.url) as s:
+            row = self._member(s, member)
+            version, host = row.version, row.host
+        try:
+            return self.master(version).worker_state(host) in (None, "DECOMMISSIONED", "DEAD")
+        except ChangeoverError:
+            return True  # no master for its group: nothing can be placed there
+
     # -- actions -----------------------------------------------------------------------------
+    def decommission(self, member: str) -> None:
+        with session_scope(self.url) as s:
+            row = self._member(s, member)
+            version, host = row.version, row.host
+        self.master(version).decommission(host)
+        with session_scope(self.url) as s:
+            audit.record(s, "member.decommission", "member", member, version=version)
+
     def up(self, specs: list[tuple[str, str]], master_port: int | None = None) -> None:
         java_home()
         for name, version in specs:

@@ -2,7 +2,10 @@
 
 Fault-tolerant jobs are stopped with a savepoint at once and resumed elsewhere; block_shutdown
 jobs are waited for until they finish; any other job is waited for up to its shutdown_timeout,
-then cancelled. `plan` only observes; `step` acts on what `plan` saw, in small idempotent steps.
+then cancelled. The worker is decommissioned once the fault-tolerant jobs on it have reached a
+batch boundary: decommissioning first would take away the executors a batch needs to finish when
+the member is the last of its version group. `plan` only observes; `step` acts on what `plan` saw,
+in small idempotent steps.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, jobs, relocate, routing
+from changeover import audit, jobs, relocate, routing, savepoints
 from changeover.cluster import LocalCluster, Membership
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
@@ -28,10 +31,13 @@ class DrainPlan:
     member: str
     status: str
     blocked_by: list[str] = field(default_factory=list)  # other members mid-upgrade: one at a time
-    save: list[str] = field(default_factory=list)
+    save: list[str] = field(default_factory=list)  # fault-tolerant and running: to be asked to stop
+    stopping: list[str] = field(default_factory=list)  # asked to stop; the driver finishes its batch
+    stopped: list[str] = field(default_factory=list)  # at a batch boundary: to be saved and resumed elsewhere
     wait: list[str] = field(default_factory=list)
     grace: dict[str, float] = field(default_factory=dict)  # job -> seconds left before cancel
     cancel: list[str] = field(default_factory=list)
+    decommissioned: bool = False
     executors: int = 0
 
     @property
@@ -45,9 +51,11 @@ class DrainPlan:
             return True
         if self.blocked_by:
             return False
-        if self.status == "ACTIVE" or self.save or self.cancel:
+        if self.status == "ACTIVE" or self.save or self.stopped or self.cancel:
             return True
-        return not (self.wait or self.grace or self.executors)
+        if not self.stopping and not self.decommissioned:
+            return True
+        return not (self.stopping or self.wait or self.grace or self.executors)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "done": self.done, "actionable": self.actionable}
@@ -78,9 +86,12 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
         result.blocked_by = list(others)
         return result
     now = utcnow()
-    for job, _run in jobs_on(settings, membership, member):
+    for job, run in jobs_on(settings, membership, member):
         if job.fault_tolerant:
-            result.save.append(job.name)
+            if run.state not in jobs.LIVE:
+                result.stopped.append(job.name)
+            else:
+                (result.stopping if job.desired == "STOP" else result.save).append(job.name)
         elif job.block_shutdown:
             result.wait.append(job.name)
         else:
@@ -91,28 +102,44 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
                 result.grace[job.name] = round(left, 1)
             else:
                 result.cancel.append(job.name)
-    if status == "DRAINING" and not (result.save or result.wait or result.grace or result.cancel):
-        result.executors = membership.executors_on(member)
+    if status == "DRAINING":
+        result.decommissioned = membership.is_decommissioned(member)
+        if result.decommissioned and not (result.save or result.stopping or result.stopped or result.wait
+                                          or result.grace or result.cancel):
+            result.executors = membership.executors_on(member)
     return result
 
 
-def step(settings: Settings, membership: Membership, member: str, shutdown_timeout: int | None = None) -> DrainPlan:
+def step(
+    settings: Settings,
+    membership: Membership,
+    member: str,
+    shutdown_timeout: int | None = None,
+    upgrade_key: str | None = None,
+) -> DrainPlan:
     current = plan(settings, membership, member, shutdown_timeout)
     if current.done or current.blocked_by:
         return current
     if current.status == "ACTIVE":
         _begin(settings, membership, current)
-    target: str | None = None
     for name in current.save:
-        target = target or routing.target_version(settings, exclude=_not_serving(settings))
-        if relocate.step(settings, membership, name, target, reason=f"drain-{member}", avoid_member=member):
-            _record(settings, "drain.saved", member, name, resumed_on=target)
+        savepoints.request_stop(settings, name, reason=f"drain of {member}")
     for name in current.cancel:
         jobs.cancel(settings, membership, name, reason=f"drain of {member}: shutdown_timeout ran out")
         _record(settings, "drain.cancelled", member, name)
     after = plan(settings, membership, member, shutdown_timeout)
-    if current.status != "ACTIVE" and not (after.save or after.wait or after.grace or after.cancel) \
-            and after.executors == 0:
+    if after.status == "DRAINING" and not (after.save or after.stopping or after.decommissioned):
+        membership.decommission(member)  # only now: the saved jobs' batches no longer need its executors
+        after = plan(settings, membership, member, shutdown_timeout)
+    if after.decommissioned and after.stopped:  # decommissioned first, so a resumed driver cannot land here
+        target = routing.target_version(settings, exclude=_not_serving(settings))
+        for name in after.stopped:
+            if relocate.step(settings, membership, name, target, reason=f"drain-{member}", avoid_member=member,
+                             upgrade_key=upgrade_key):
+                _record(settings, "drain.saved", member, name, resumed_on=target)
+        after = plan(settings, membership, member, shutdown_timeout)
+    if current.status != "ACTIVE" and after.decommissioned and after.executors == 0 \
+            and not (after.save or after.stopping or after.stopped or after.wait or after.grace or after.cancel):
         with session_scope(settings.database_url) as s:
             row = s.get(Member, member)
             assert row is not None
@@ -127,14 +154,13 @@ def _begin(settings: Settings, membership: Membership, current: DrainPlan) -> No
     with session_scope(settings.database_url) as s:
         row = s.get(Member, current.member)
         assert row is not None
-        row.status, row.drain_started_at, host = "DRAINING", utcnow(), row.host
-        version = row.version
-        decisions = {**{j: "save" for j in current.save}, **{j: "wait" for j in current.wait},
+        row.status, row.drain_started_at = "DRAINING", utcnow()
+        saved = [*current.save, *current.stopping, *current.stopped]
+        decisions = {**{j: "save" for j in saved}, **{j: "wait" for j in current.wait},
                      **{j: "timeout" for j in [*current.grace, *current.cancel]}}
         audit.record(s, "drain.begin", "member", current.member, decisions=decisions)
         for job, action in decisions.items():
             audit.record(s, f"drain.decide.{action}", "job", job, member=current.member)
-    membership.master(version).decommission(host)
     current.status = "DRAINING"
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from changeover import audit
+from changeover import audit, checkpoints
+from changeover.checkpoints import last_commit
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.settings import Settings
@@ -26,9 +27,17 @@ from changeover.stages import JobContext, Stage
 log = logging.getLogger("changeover.driver")
 
 
-def last_commit(checkpoint: Path) -> int | None:
-    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
-    return max(commits) if commits else None
+def unmatched_state(job: str, restored: set[str], stages: set[str]) -> str | None:
+    """Seed 002's rules: a new stage starts empty, a matching one is restored, and state of a stage the
+    job no longer has is an error unless allow_non_restored_state is given (as in Flink)."""
+    orphaned = sorted(restored - stages)
+    if not orphaned:
+        return None
+    return (
+        f"job {job}: refused to start: the savepoint holds state of stage(s) {', '.join(orphaned)}, "
+        f"which the job no longer has (its stages: {', '.join(sorted(stages))}). "
+        "Resume with --allow-non-restored-state to drop that state, or --rename-stage OLD=NEW to move it."
+    )
 
 
 def version_mismatch(job: str, actual: str, expected: str) -> str:
@@ -74,10 +83,21 @@ class Driver:
                 run.ended_at = now
                 audit.record(s, "job.stop", "job", self.job, run=self.run_id, state=state, progress=progress)
 
-    def run_streaming(self, stages: list[Stage], checkpoint_root: Path, trigger_seconds: float) -> None:
+    def run_streaming(
+        self, stages: list[Stage], checkpoint_root: Path, trigger_seconds: float, allow_non_restored: bool = False
+    ) -> bool:
+        """Run until asked to stop. False when the restored state does not fit the job's stages."""
         names = [stage.name for stage in stages]
         if len(set(names)) != len(names):
             raise ValueError(f"job {self.job}: stage names must be unique, got {names}")
+        restored = set(checkpoints.stage_names(checkpoint_root))
+        refusal = unmatched_state(self.job, restored, set(names))
+        if refusal and not allow_non_restored:
+            print(refusal, file=sys.stderr, flush=True)
+            self.fail(refusal)
+            return False
+        for orphan in restored - set(names):  # allowed: set aside, so later savepoints do not carry it
+            (checkpoint_root / orphan).rename(checkpoint_root / f".dropped-{orphan}")
         seen = {n: last_commit(checkpoint_root / n) for n in names}
         self.report(seen, committed=False)
         while True:
@@ -89,13 +109,13 @@ class Driver:
             seen = now
             if self.stop_requested():
                 self.report(now, committed=advanced, state="STOPPED")
-                return
+                return True
             self.report(now, committed=advanced)
             deadline = time.monotonic() + trigger_seconds
             while time.monotonic() < deadline:
                 if self.stop_requested():
                     self.report(now, committed=False, state="STOPPED")
-                    return
+                    return True
                 time.sleep(min(0.25, trigger_seconds))
 
     def _start(self, stage: Stage, checkpoint: Path):  # type: ignore[no-untyped-def]
@@ -123,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expected-version", required=True)
     parser.add_argument("--checkpoint-root")
     parser.add_argument("--trigger-seconds", type=float, default=1.0)
+    parser.add_argument("--allow-non-restored-state", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -141,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(args.module)
         context = JobContext(args.job, args.run_id, options, driver.stop_requested)
         if hasattr(module, "build"):
-            driver.run_streaming(module.build(spark, context), Path(args.checkpoint_root), args.trigger_seconds)
+            stages = module.build(spark, context)
+            if not driver.run_streaming(stages, Path(args.checkpoint_root), args.trigger_seconds,
+                                        args.allow_non_restored_state):
+                return 4
         else:
             driver.report({}, committed=False)
             module.run(spark, context)

@@ -25,6 +25,9 @@ class Generator:
         self.truth: Counter[str] = Counter()
         self.window_truth: Counter[str] = Counter()  # "key@window start" for 10 s tumbling windows
         self._stop = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def write_file(self) -> None:
@@ -47,10 +50,20 @@ class Generator:
     def start(self, interval: float = 0.5) -> None:
         def loop() -> None:
             while not self._stop.wait(interval):
-                self.write_file()
+                with self._lock:
+                    if self._running.is_set():
+                        self.write_file()
 
         self._thread = threading.Thread(target=loop, name="generator", daemon=True)
         self._thread.start()
+
+    def pause(self) -> None:
+        """Stop writing until resume(); returns once a file being written is finished."""
+        with self._lock:
+            self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
 
     def stop(self) -> None:
         self._stop.set()

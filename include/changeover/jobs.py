@@ -47,8 +47,14 @@ def submit(
     shutdown_timeout: int = 30,
     options: dict[str, Any] | None = None,
     from_savepoint: str | None = None,
+    rename_stages: dict[str, str] | None = None,
+    allow_non_restored_state: bool = False,
+    rewind_sink: bool = False,
 ) -> JobRun:
-    """Create the job and launch it on the largest version group. A live job of that name is returned as is."""
+    """Create the job and launch it on the largest version group. A live job of that name is returned as is.
+
+    from_savepoint is NAME (a savepoint of this job) or JOB/NAME (of another job, e.g. a second copy).
+    """
     check_name("job", name)
     if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
         raise ChangeoverError(f"job module {module!r}", "it cannot be imported from include/",
@@ -69,9 +75,34 @@ def submit(
     if from_savepoint:
         from changeover.savepoints import restore  # local import: savepoints imports this module
 
-        root = restore(settings, name, from_savepoint)
-        return launch(settings, membership, name, version, root, from_savepoint)
+        source_job, _, savepoint = from_savepoint.rpartition("/")
+        root = restore(settings, name, savepoint, source_job=source_job or name, rename=rename_stages,
+                       rewind_sink=rewind_sink)
+        return launch(settings, membership, name, version, root, from_savepoint, allow_non_restored_state)
     return launch(settings, membership, name, version, new_checkpoint_root(settings, name))
+
+
+def resume(
+    settings: Settings,
+    membership: Membership,
+    job_name: str,
+    from_savepoint: str,
+    *,
+    rename_stages: dict[str, str] | None = None,
+    allow_non_restored_state: bool = False,
+    rewind_sink: bool = False,
+) -> JobRun:
+    """Resume an existing job from a savepoint; a live job is returned as it is."""
+    with session_scope(settings.database_url) as s:
+        module = get_job(s, job_name).module
+    return submit(settings, membership, module, job_name, from_savepoint=from_savepoint,
+                  rename_stages=rename_stages, allow_non_restored_state=allow_non_restored_state,
+                  rewind_sink=rewind_sink)
+
+
+def fault_tolerant_jobs(settings: Settings) -> list[str]:
+    with session_scope(settings.database_url) as s:
+        return list(s.scalars(select(Job.name).where(Job.fault_tolerant.is_(True)).order_by(Job.name)))
 
 
 def new_checkpoint_root(settings: Settings, job: str) -> Path:
@@ -87,6 +118,7 @@ def launch(
     version: str,
     checkpoint_root: Path,
     from_savepoint: str | None = None,
+    allow_non_restored_state: bool = False,
 ) -> JobRun:
     """Place a Python driver on a worker of the version group through the master's REST server."""
     runtime = find_runtime(settings.runtimes_dir, version)
@@ -124,6 +156,8 @@ def launch(
     app_args += [str(DRIVER), "--job", job_name, "--run-id", str(run_id), "--module", module,
                  "--expected-version", version, "--checkpoint-root", str(checkpoint_root),
                  "--trigger-seconds", str(trigger)]
+    if allow_non_restored_state:
+        app_args.append("--allow-non-restored-state")
     request = {
         "action": "CreateSubmissionRequest",
         "appResource": f"file:{DRIVER}",

@@ -19,6 +19,7 @@ def step(
     target_version: str,
     reason: str,
     avoid_member: str | None = None,
+    upgrade_key: str | None = None,
 ) -> bool:
     """Advance the move of one job. True once it runs (or is launched) on the target version, off avoid_member."""
     run = jobs.refresh(settings, membership, job_name)
@@ -34,7 +35,7 @@ def step(
         return False
     if run.state == "STOPPED":
         name = f"{reason}-run{run.id}"
-        savepoints.take(settings, job_name, name)
+        savepoints.take(settings, job_name, name, upgrade_key=upgrade_key, exist_ok=True)
         root = savepoints.restore(settings, job_name, name)
         jobs.launch(settings, membership, job_name, target_version, root, from_savepoint=name)
         return True

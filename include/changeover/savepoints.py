@@ -1,30 +1,41 @@
-"""Savepoints: a copy of every stage's checkpoint at a committed batch, with a manifest, in a store.
+"""Savepoints: a consistent copy of every stage's checkpoint at a committed batch, with a manifest.
 
-The store is an fsspec filesystem (local by default). A savepoint is built under a staging name
-and renamed into place; only then is it registered as COMPLETED.
+Two modes, as in Flink: `stop` copies the checkpoints of a run that stopped at a batch boundary;
+`continue` copies a running job's checkpoints as of their last committed batch, without stopping it.
+
+A savepoint is registered PENDING, built under a staging folder (hard links where the store shares
+the checkpoints' filesystem), given a manifest with every file's size and SHA-256, renamed into
+place, and only then marked COMPLETED. A crash at any moment leaves a complete savepoint or, after
+`reconcile`, none. Restoring verifies every checksum first.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import fsspec
 from sqlalchemy import select
 
-from changeover import audit
-from changeover.driver import last_commit
+from changeover import audit, checkpoints, processes, sink
+from changeover.digests import DigestCache
 from changeover.errors import ChangeoverError
-from changeover.jobs import current_run, get_job, new_checkpoint_root
+from changeover.jobs import LIVE, current_run, get_job, new_checkpoint_root
 from changeover.names import check_name
 from changeover.registry.db import session_scope
-from changeover.registry.models import Savepoint
-from changeover.settings import Settings
+from changeover.registry.models import Savepoint, UpgradeRun, utcnow
+from changeover.settings import CHECKOUT, Settings
 from changeover.timeutil import as_utc
 
 MANIFEST = "manifest.json"
+FORMAT = 1
+MODES = ("stop", "continue")
 
 
 def request_stop(settings: Settings, job_name: str, reason: str) -> None:
@@ -39,74 +50,329 @@ def request_stop(settings: Settings, job_name: str, reason: str) -> None:
             audit.record(s, "job.request_stop", "job", job_name, reason=reason)
 
 
-def take(settings: Settings, job_name: str, name: str) -> Savepoint:
-    """Copy the stopped run's checkpoints into the store. Retrying with the same name returns the same savepoint."""
-    check_name("savepoint", name)
+def _crash_point(name: str) -> None:
+    """Fault injection for the kill -9 tests: CHANGEOVER_CRASH_AT=<point> kills this process there."""
+    if os.environ.get("CHANGEOVER_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{processes.start_ticks(os.getpid())}"
+
+
+def _owner_alive(owner: str | None) -> bool:
+    if not owner:
+        return False
+    host, pid, ticks = owner.split(":", 2)
+    return host == socket.gethostname() and processes.is_ours(int(pid), ticks)
+
+
+@dataclass(frozen=True)
+class _Source:
+    root: Path
+    run_id: int
+    version: str
+    module: str
+    stages: dict[str, int]
+
+
+def _source(settings: Settings, job_name: str, name: str, mode: str) -> _Source:
     with session_scope(settings.database_url) as s:
         job = get_job(s, job_name)
-        existing = s.scalar(select(Savepoint).where(Savepoint.job == job_name, Savepoint.name == name))
-        if existing is not None:
-            return existing
         run = current_run(s, job)
-        if run is None or run.state != "STOPPED" or not run.checkpoint_root:
-            state = run.state if run else "never launched"
+        state = run.state if run else "never launched"
+        wanted = ("STOPPED",) if mode == "stop" else (*LIVE, "STOPPED")
+        if run is None or run.state not in wanted or not run.checkpoint_root:
+            how = (f"stop it with `changeover savepoint {job_name} {name} --cancel`" if mode == "stop"
+                   else "start it first")
             raise ChangeoverError(f"savepoint {name!r} of job {job_name}",
-                                  f"the job is {state}, not stopped at a batch boundary",
-                                  f"stop it first with `changeover savepoint {job_name} {name} --cancel`")
-        root, run_id, version = Path(run.checkpoint_root), run.id, run.spark_version
-    stages = {p.name: last_commit(p) for p in sorted(root.iterdir()) if p.is_dir()}
-    if not stages or all(batch is None for batch in stages.values()):
+                                  f"the job is {state}, and a {mode} savepoint needs it "
+                                  + ("stopped at a batch boundary" if mode == "stop" else "running"), how)
+        root, run_id, version, module = Path(run.checkpoint_root), run.id, run.spark_version, job.module
+    stages = {name: checkpoints.last_commit(root / name) for name in checkpoints.stage_names(root)}
+    committed = {stage: batch for stage, batch in stages.items() if batch is not None}
+    if not committed:
         raise ChangeoverError(f"savepoint {name!r} of job {job_name}", "the job has no committed batch yet",
                               "let it run until it commits a batch, then take the savepoint")
-    fs = fsspec.filesystem("file")
-    final = settings.savepoint_dir / job_name / name
-    staging = settings.savepoint_dir / job_name / f".staging-{name}"
-    if fs.exists(str(staging)):
-        fs.rm(str(staging), recursive=True)
-    fs.makedirs(str(staging / "stages"), exist_ok=True)
-    for stage in stages:
-        fs.cp(str(root / stage), str(staging / "stages" / stage), recursive=True)
-    size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
-    manifest = {"job": job_name, "savepoint": name, "spark_version": version, "run": run_id,
-                "stages": stages, "size_bytes": size, "mode": "stop"}
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    if final.exists():
-        shutil.rmtree(final)  # a leftover of a crash before registration: never registered, so never used
-    staging.rename(final)
+    return _Source(root, run_id, version, module, committed)
+
+
+def _check_space(settings: Settings, source: _Source, store: Path, link: bool, name: str) -> None:
+    """Like seed 002's memory requirement: refuse up front, with the figures, when space is short."""
+    headroom = int(os.environ.get("CHANGEOVER_SAVEPOINT_HEADROOM_BYTES", 64 * 1024 * 1024))
+    expected = 0 if link else sum(
+        f.stat().st_size for stage in source.stages for f in (source.root / stage).rglob("*") if f.is_file())
+    free = shutil.disk_usage(store).free
+    if free < expected + headroom:
+        raise ChangeoverError(
+            f"savepoint {name!r}", f"{free:,} bytes are free in {store}, and it needs {expected:,} bytes "
+            f"plus {headroom:,} bytes of headroom ({'hard links' if link else 'a full copy'})",
+            "free some space, delete old savepoints with `changeover savepoint delete`, or move the store")
+
+
+def code_fingerprint(module: str) -> str | None:
+    """SHA-256 of the job module's source file, so a later resume can tell the code changed."""
+    path = CHECKOUT / "include" / Path(*module.split(".")).with_suffix(".py")
+    return DigestCache.sha256(path) if path.exists() else None
+
+
+def take(
+    settings: Settings,
+    job_name: str,
+    name: str,
+    mode: str = "stop",
+    upgrade_key: str | None = None,
+    exist_ok: bool = False,
+) -> Savepoint:
+    """Take a savepoint. With exist_ok (a retried task), a completed one of that name is returned, never
+    a second one; otherwise the name must be new."""
+    check_name("savepoint", name)
+    if mode not in MODES:
+        raise ChangeoverError(f"savepoint mode {mode!r}", f"the modes are {', '.join(MODES)}", "pick one of them")
     with session_scope(settings.database_url) as s:
-        savepoint = Savepoint(job=job_name, name=name, mode="stop", status="COMPLETED", path=str(final),
-                              size_bytes=size, spark_version=version, stages=stages, run_id=run_id)
-        s.add(savepoint)
-        audit.record(s, "savepoint.create", "savepoint", f"{job_name}/{name}", mode="stop", stages=stages,
-                     size_bytes=size, spark_version=version)
+        get_job(s, job_name)
+        existing = s.scalar(select(Savepoint).where(Savepoint.job == job_name, Savepoint.name == name))
+        if existing is not None and existing.status == "COMPLETED":
+            if exist_ok:
+                return existing
+            raise _duplicate(job_name, name)
+        if existing is not None and _owner_alive(existing.owner):
+            raise ChangeoverError(f"savepoint {name!r} of job {job_name}", "another process is taking it now",
+                                  "wait for it, or pick another name")
+    if existing is not None:
+        reconcile(settings)  # a crashed attempt under this name: clear it, then start over
+    source = _source(settings, job_name, name, mode)
+    store = settings.savepoint_dir / job_name
+    link = checkpoints.same_filesystem(source.root, store)
+    _check_space(settings, source, store, link, name)
+    final = store / name
+    with session_scope(settings.database_url) as s:
+        s.add(Savepoint(job=job_name, name=name, mode=mode, status="PENDING", path=str(final), size_bytes=0,
+                        spark_version=source.version, stages=source.stages, run_id=source.run_id,
+                        upgrade_key=upgrade_key, owner=_owner()))
+    _crash_point("pending")
+    staging = store / f".staging-{name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    for stage, batch in source.stages.items():
+        checkpoints.snapshot_stage(source.root / stage, staging / "stages" / stage, batch, link=link)
+        _crash_point("copying")
+    _crash_point("copied")
+    digests = DigestCache(store / ".digests.json")
+    files = {str(f.relative_to(staging)): {"size": f.stat().st_size, "sha256": digests.of(f)}
+             for f in sorted(staging.rglob("*")) if f.is_file()}
+    digests.save()
+    sink_progress = sink.progress(settings.database_url, job_name)
+    manifest = {
+        "format": FORMAT, "job": job_name, "savepoint": name, "mode": mode,
+        "created_at": utcnow().isoformat(), "spark_version": source.version, "run": source.run_id,
+        "code_fingerprint": code_fingerprint(source.module),
+        "size_bytes": sum(f["size"] for f in files.values()),
+        "stages": {
+            stage: {
+                "batch": batch,
+                "source_offsets": checkpoints.source_offsets(staging / "stages" / stage, batch),
+                "operators": checkpoints.stateful_operators(staging / "stages" / stage),
+                "sink_batch": sink_progress.get(stage),
+            }
+            for stage, batch in source.stages.items()
+        },
+        "files": files,
+    }
+    _write_durably(staging / MANIFEST, json.dumps(manifest, indent=1))
+    _crash_point("manifest")
+    shutil.rmtree(final, ignore_errors=True)  # only ever a leftover of a crash: its row was never COMPLETED
+    os.rename(staging, final)
+    _crash_point("moved")
+    with session_scope(settings.database_url) as s:
+        savepoint = s.scalar(select(Savepoint).where(Savepoint.job == job_name, Savepoint.name == name))
+        assert savepoint is not None
+        savepoint.status, savepoint.size_bytes, savepoint.owner = "COMPLETED", manifest["size_bytes"], None
+        audit.record(s, "savepoint.create", "savepoint", f"{job_name}/{name}", mode=mode, stages=source.stages,
+                     size_bytes=manifest["size_bytes"], spark_version=source.version, hard_links=link)
         return savepoint
+
+
+def _duplicate(job_name: str, name: str) -> ChangeoverError:
+    return ChangeoverError(f"savepoint {name!r} of job {job_name}", "a savepoint of that name exists",
+                           "pick another name, or delete the old one with `changeover savepoint delete`")
+
+
+def check_available(settings: Settings, job_name: str, name: str) -> None:
+    """Refuse a taken name before anything is done, e.g. before a job is stopped for it."""
+    check_name("savepoint", name)
+    with session_scope(settings.database_url) as s:
+        get_job(s, job_name)
+        taken = s.scalar(select(Savepoint.id).where(Savepoint.job == job_name, Savepoint.name == name,
+                                                    Savepoint.status == "COMPLETED"))
+    if taken is not None:
+        raise _duplicate(job_name, name)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
 
 
 def get_savepoint(s: Any, job_name: str, name: str) -> Savepoint:
     check_name("savepoint", name)
     savepoint = s.scalar(select(Savepoint).where(Savepoint.job == job_name, Savepoint.name == name))
     if savepoint is None or savepoint.status != "COMPLETED":
-        known = ", ".join(s.scalars(select(Savepoint.name).where(Savepoint.job == job_name))) or "none"
+        known = ", ".join(s.scalars(select(Savepoint.name).where(
+            Savepoint.job == job_name, Savepoint.status == "COMPLETED"))) or "none"
         raise ChangeoverError(f"savepoint {name!r} of job {job_name}", f"no such savepoint (known: {known})",
                               "list them with `changeover savepoints`")
     return savepoint
 
 
-def restore(settings: Settings, job_name: str, name: str) -> Path:
-    """Copy a savepoint's stages, by stage name, into a fresh checkpoint root for a new run."""
+def verify(path: Path) -> dict[str, Any]:
+    """Check every file against the manifest. A missing, truncated or altered file is refused by name."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as exc:
+        raise ChangeoverError(f"savepoint at {path}", f"its manifest cannot be read ({exc})",
+                              "resume from another savepoint; this one is not usable") from None
+    for relative, expected in manifest["files"].items():
+        file = path / relative
+        reason = None
+        if not file.is_file():
+            reason = "the file is missing"
+        elif file.stat().st_size != expected["size"]:
+            reason = f"the file has {file.stat().st_size:,} bytes, the manifest says {expected['size']:,}"
+        elif DigestCache.sha256(file) != expected["sha256"]:
+            reason = "its SHA-256 differs from the manifest's"
+        if reason:
+            raise ChangeoverError(f"savepoint {manifest['job']}/{manifest['savepoint']}",
+                                  f"{relative} is corrupted: {reason}",
+                                  "resume from another savepoint (`changeover savepoints`); this one is not usable")
+    return manifest
+
+
+def restore(
+    settings: Settings,
+    job_name: str,
+    name: str,
+    *,
+    source_job: str | None = None,
+    rename: dict[str, str] | None = None,
+    rewind_sink: bool = False,
+) -> Path:
+    """Verify a savepoint (of source_job, by default job_name itself), then lay its stages out, by stage
+    name and through the rename map, in a fresh checkpoint root of job_name."""
+    rename = dict(rename or {})
     with session_scope(settings.database_url) as s:
         get_job(s, job_name)
-        savepoint = get_savepoint(s, job_name, name)
-        source = Path(savepoint.path) / "stages"
-    if not source.is_dir():
-        raise ChangeoverError(f"savepoint {name!r} of job {job_name}", f"its files are missing at {source}",
-                              "pick another savepoint from `changeover savepoints`")
+        path = Path(get_savepoint(s, source_job or job_name, name).path)
+    manifest = verify(path)
+    stages = manifest["stages"]
+    for old, new in rename.items():
+        check_name("stage", new)
+        if old not in stages:
+            raise ChangeoverError(f"stage rename {old}={new}", f"savepoint {name!r} has no stage {old!r} "
+                                  f"(it has {', '.join(stages)})", "rename one of the savepoint's stages")
+    _align_sink(settings, job_name, name, {rename.get(st, st): info["batch"] for st, info in stages.items()},
+                rewind_sink)
     root = new_checkpoint_root(settings, job_name)
-    fs = fsspec.filesystem("file")
-    fs.makedirs(str(root), exist_ok=True)
-    for stage in sorted(p.name for p in source.iterdir()):
-        fs.cp(str(source / stage), str(root / stage), recursive=True)
+    link = checkpoints.same_filesystem(path, root.parent)
+    for relative in manifest["files"]:
+        parts = Path(relative).parts
+        if parts[0] != "stages":
+            continue
+        target = root / rename.get(parts[1], parts[1]) / Path(*parts[2:])
+        checkpoints.materialise(path / relative, target, link=link)
+    with session_scope(settings.database_url) as s:
+        audit.record(s, "savepoint.restore", "savepoint", f"{source_job or job_name}/{name}", job=job_name,
+                     into=str(root), rename=rename, rewind_sink=rewind_sink)
     return root
+
+
+def _align_sink(settings: Settings, job: str, name: str, batches: dict[str, int], rewind: bool) -> None:
+    """The sink's progress is not in the checkpoint: a sink ahead of the savepoint would skip batches."""
+    written = sink.progress(settings.database_url, job)
+    ahead = {stage: (batch, written[stage]) for stage, batch in batches.items()
+             if written.get(stage, -1) > batch}
+    if not ahead:
+        return
+    if not rewind:
+        detail = ", ".join(f"{st} wrote up to batch {w}, the savepoint stands at {b}" for st, (b, w) in ahead.items())
+        raise ChangeoverError(
+            f"resume of job {job} from savepoint {name!r}",
+            f"the sink is ahead of the savepoint ({detail}), so the replayed batches would be skipped as "
+            "already written and their rows lost",
+            "pass --rewind-sink to forget the sink's batches after the savepoint so they are written again, "
+            "or resume from a newer savepoint")
+    with session_scope(settings.database_url) as s:
+        for stage, (batch, was) in ahead.items():
+            forgotten = sink.rewind(settings.database_url, job, stage, batch)
+            audit.record(s, "sink.rewind", "job", job, stage=stage, to_batch=batch, from_batch=was,
+                         batches_forgotten=forgotten, savepoint=name)
+
+
+def delete(settings: Settings, job_name: str, name: str) -> None:
+    with session_scope(settings.database_url) as s:
+        savepoint = get_savepoint(s, job_name, name)
+        if _held_by_upgrade(s, savepoint):
+            raise ChangeoverError(f"delete of savepoint {name!r} of job {job_name}",
+                                  f"the unfinished upgrade {savepoint.upgrade_key} refers to it",
+                                  "finish or fail that upgrade first")
+        path = Path(savepoint.path)
+        s.delete(savepoint)
+        audit.record(s, "savepoint.delete", "savepoint", f"{job_name}/{name}")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _held_by_upgrade(s: Any, savepoint: Savepoint) -> bool:
+    if not savepoint.upgrade_key:
+        return False
+    run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == savepoint.upgrade_key))
+    return run is not None and run.status == "RUNNING"
+
+
+def apply_retention(settings: Settings, job_name: str, max_count: int | None = None,
+                    max_age: timedelta | None = None) -> list[str]:
+    """Delete savepoints beyond max_count or older than max_age; never the newest, never one in use."""
+    now = utcnow()
+    with session_scope(settings.database_url) as s:
+        get_job(s, job_name)
+        completed = list(s.scalars(select(Savepoint).where(
+            Savepoint.job == job_name, Savepoint.status == "COMPLETED").order_by(Savepoint.created_at.desc(),
+                                                                                  Savepoint.id.desc())))
+        doomed = [
+            sp.name for index, sp in enumerate(completed)
+            if index > 0 and not _held_by_upgrade(s, sp)
+            and ((max_count is not None and index >= max_count)
+                 or (max_age is not None and now - as_utc(sp.created_at) > max_age))
+        ]
+    for name in doomed:
+        delete(settings, job_name, name)
+    return doomed
+
+
+def reconcile(settings: Settings) -> dict[str, list[str]]:
+    """Remove what crashed savepoints left: PENDING rows, their folders, and staging leftovers."""
+    removed: dict[str, list[str]] = {"rows": [], "folders": []}
+    with session_scope(settings.database_url) as s:
+        pending = [sp for sp in s.scalars(select(Savepoint).where(Savepoint.status != "COMPLETED"))
+                   if not _owner_alive(sp.owner)]
+        busy = {(sp.job, sp.name) for sp in s.scalars(select(Savepoint).where(Savepoint.status != "COMPLETED"))
+                if _owner_alive(sp.owner)}
+        for sp in pending:
+            shutil.rmtree(sp.path, ignore_errors=True)
+            removed["rows"].append(f"{sp.job}/{sp.name}")
+            s.delete(sp)
+        if removed["rows"]:
+            audit.record(s, "savepoint.reconcile", "savepoint", "*", removed=removed["rows"])
+        registered = {(sp.job, sp.name) for sp in s.scalars(select(Savepoint))}
+    store = settings.savepoint_dir
+    for folder in sorted(p for p in store.glob("*/*") if p.is_dir()) if store.exists() else []:
+        key = (folder.parent.name, folder.name.removeprefix(".staging-"))
+        leftover = folder.name.startswith(".staging-") and key not in busy
+        orphan = not folder.name.startswith(".") and key not in registered  # e.g. a delete cut short
+        if leftover or orphan:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed["folders"].append(str(folder.relative_to(store)))
+    return removed
 
 
 def list_savepoints(settings: Settings, job: str | None = None) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from changeover.registry.db import session_scope
@@ -41,3 +41,22 @@ def results(url: str, job: str, stage: str) -> dict[str, int]:
             select(StageResult.result_key, StageResult.value).where(StageResult.job == job, StageResult.stage == stage)
         )
         return {k: v for k, v in rows}
+
+
+def progress(url: str, job: str) -> dict[str, int]:
+    """The newest batch the sink has written, per stage."""
+    with session_scope(url) as s:
+        newest = func.max(SinkLedger.batch_id)
+        rows = s.execute(select(SinkLedger.stage, newest).where(SinkLedger.job == job).group_by(SinkLedger.stage))
+        return {stage: int(batch) for stage, batch in rows}
+
+
+def rewind(url: str, job: str, stage: str, batch: int | None) -> int:
+    """Forget what the sink wrote after `batch`, so that replaying those batches writes them again."""
+    floor = -1 if batch is None else batch
+    with session_scope(url) as s:
+        ledger = s.execute(delete(SinkLedger).where(
+            SinkLedger.job == job, SinkLedger.stage == stage, SinkLedger.batch_id > floor))
+        s.execute(delete(StageResult).where(
+            StageResult.job == job, StageResult.stage == stage, StageResult.batch_id > floor))
+        return int(ledger.rowcount or 0)

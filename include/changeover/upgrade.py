@@ -36,14 +36,15 @@ def upgrade_member(settings: Settings, cluster: LocalCluster, member: str, versi
     return old
 
 
-def rebalance_step(settings: Settings, cluster: LocalCluster) -> list[str]:
+def rebalance_step(settings: Settings, cluster: LocalCluster, upgrade_key: str | None = None) -> list[str]:
     """Move fault-tolerant jobs that run off the largest group. Returns the jobs still moving."""
     target = routing.target_version(settings)
     moving = []
     for job, run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True):
         if run is None or run.state not in (*jobs.LIVE, "STOPPED"):
             continue
-        if not relocate.step(settings, cluster, job.name, target, reason=f"rebalance-{target}"):
+        if not relocate.step(settings, cluster, job.name, target, reason=f"rebalance-{target}",
+                             upgrade_key=upgrade_key):
             moving.append(job.name)
     return moving
 

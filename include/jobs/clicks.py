@@ -22,9 +22,13 @@ def build(spark, ctx: JobContext) -> list[Stage]:  # type: ignore[no-untyped-def
     )
     totals = events.groupBy("key").count()
     windows = events.withWatermark("ts", WINDOW).groupBy(F.window("ts", WINDOW), "key").count()
-    return [
-        Stage("totals", totals, "update",
+    # Options for job updates: which stages this version has, and under which names.
+    names = {"totals": "totals", "windows": "windows", **ctx.options.get("stage_names", {})}
+    wanted = ctx.options.get("stages", ["totals", "windows"])
+    stages = [
+        Stage(names["totals"], totals, "update",
               lambda df: df.select(F.col("key"), F.col("count"))),
-        Stage("windows", windows, "append",
+        Stage(names["windows"], windows, "append",
               lambda df: df.select(F.concat_ws("@", "key", F.col("window.start").cast("string")), F.col("count"))),
     ]
+    return [stage for stage, base in zip(stages, ["totals", "windows"], strict=True) if base in wanted]

@@ -5,9 +5,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
-from changeover import drain, upgrade, verify
+from changeover import drain, jobs, savepoints, upgrade, verify
 from changeover.cluster import LocalCluster
 from changeover.settings import Settings
 
@@ -81,7 +81,8 @@ class RollMemberOperator(ChangeoverOperator):
 
     def execute(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, str]:
         settings, cluster = self._setup(context)
-        result = drain.step(settings, cluster, self.member, context["params"].get("shutdown_timeout"))
+        result = drain.step(settings, cluster, self.member, context["params"].get("shutdown_timeout"),
+                            upgrade_key=context["ti"].run_id)
         self.log.info("drain %s: %s", self.member, result.as_dict())
         if not result.done:
             self._defer("drain", self.member, settings, self.drain_timeout, context["params"].get("shutdown_timeout"))
@@ -103,7 +104,7 @@ class RebalanceJobsOperator(ChangeoverOperator):
     def execute(self, context: Any, event: dict[str, Any] | None = None) -> None:
         self._skip_if_dry_run(context)
         settings, cluster = self._setup(context)
-        moving = upgrade.rebalance_step(settings, cluster)
+        moving = upgrade.rebalance_step(settings, cluster, upgrade_key=context["ti"].run_id)
         if moving:
             self.log.info("still moving: %s", moving)
             self._defer("rebalance", "jobs", settings, self.rebalance_timeout)
@@ -125,3 +126,80 @@ class VerifyUpgradeOperator(ChangeoverOperator):
         report = verify.verify(settings, cluster, self.target_version, upgrade_key=context["ti"].run_id)
         self.log.info("verified: %s", report)
         return report
+
+
+SAVEPOINTS_ASSET = Asset(name="changeover_savepoints", uri="changeover://savepoints")
+
+
+class SavepointOperator(ChangeoverOperator):
+    """Takes a savepoint (mode `continue` or `stop`) and publishes it as an Asset event.
+
+    A retry with the same rendered name returns the savepoint taken before instead of a second one.
+    """
+
+    template_fields: Sequence[str] = ("job", "savepoint_name", "mode")
+
+    def __init__(self, *, job: str, savepoint_name: str, mode: str = "continue", **kwargs: Any) -> None:
+        kwargs.setdefault("outlets", [SAVEPOINTS_ASSET])
+        super().__init__(**kwargs)
+        self.job = job
+        self.savepoint_name = savepoint_name
+        self.mode = mode
+
+    def execute(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        settings, cluster = self._setup(context)
+        if self.mode == "stop":
+            savepoints.request_stop(settings, self.job, reason=f"savepoint {self.savepoint_name}")
+            run = jobs.refresh(settings, cluster, self.job)
+            if run is not None and run.state in jobs.LIVE:
+                self._defer("stop", self.job, settings, timeout=600)
+        sp = savepoints.take(settings, self.job, self.savepoint_name, mode=self.mode, exist_ok=True)
+        summary = {"job": sp.job, "savepoint": sp.name, "mode": sp.mode, "size_bytes": sp.size_bytes,
+                   "spark_version": sp.spark_version, "stages": sp.stages, "path": sp.path}
+        context["outlet_events"][SAVEPOINTS_ASSET].extra = summary
+        self.log.info("savepoint %s/%s: %s", sp.job, sp.name, summary)
+        return summary
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.execute(context, event)
+
+
+class ResumeFromSavepointOperator(ChangeoverOperator):
+    """Resumes a job from a savepoint on the largest version group; a live job is left as it is."""
+
+    template_fields: Sequence[str] = ("job", "savepoint_name")
+
+    def __init__(self, *, job: str, savepoint_name: str, rename_stages: dict[str, str] | None = None,
+                 allow_non_restored_state: bool = False, rewind_sink: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.savepoint_name = savepoint_name
+        self.rename_stages = rename_stages or {}
+        self.allow_non_restored_state = allow_non_restored_state
+        self.rewind_sink = rewind_sink
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        settings, cluster = self._setup(context)
+        run = jobs.resume(settings, cluster, self.job, self.savepoint_name, rename_stages=self.rename_stages,
+                          allow_non_restored_state=self.allow_non_restored_state, rewind_sink=self.rewind_sink)
+        return {"job": self.job, "run": run.id, "spark_version": run.spark_version, "from": run.from_savepoint}
+
+
+class SavepointMaintenanceOperator(ChangeoverOperator):
+    """Applies the retention policy to every fault-tolerant job, then reconciles crashed savepoints."""
+
+    template_fields: Sequence[str] = ("max_count", "max_age_hours")
+
+    def __init__(self, *, max_count: int | None = None, max_age_hours: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.max_count = max_count
+        self.max_age_hours = max_age_hours
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        settings, _ = self._setup(context)
+        age = timedelta(hours=self.max_age_hours) if self.max_age_hours is not None else None
+        deleted = {name: savepoints.apply_retention(settings, name, self.max_count, age)
+                   for name in jobs.fault_tolerant_jobs(settings)}
+        removed = savepoints.reconcile(settings)
+        self.log.info("retention deleted %s; reconcile removed %s", deleted, removed)
+        return {"deleted": deleted, "reconciled": removed}

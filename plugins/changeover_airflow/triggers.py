@@ -17,6 +17,8 @@ def ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | N
         observed = drain.plan(settings, cluster, subject, shutdown_timeout)
         return observed.actionable, observed.as_dict()
     waiting = upgrade.jobs_stopping(settings)
+    if kind == "stop":  # one job asked to stop at a batch boundary
+        return subject not in waiting, {"stopping": waiting}
     return not waiting, {"stopping": waiting}
 
 

@@ -95,12 +95,14 @@ class Savepoint(Base):
     job: Mapped[str] = mapped_column(ForeignKey("jobs.name"), index=True)
     name: Mapped[str] = mapped_column(String(100))
     mode: Mapped[str] = mapped_column(String(16))  # stop | continue
-    status: Mapped[str] = mapped_column(String(16))  # COMPLETED
+    status: Mapped[str] = mapped_column(String(16))  # PENDING while being built, then COMPLETED
     path: Mapped[str] = mapped_column(Text)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     spark_version: Mapped[str] = mapped_column(String(32))
     stages: Mapped[dict[str, Any]] = mapped_column(default=dict)  # stage -> last committed batch
     run_id: Mapped[int | None]
+    upgrade_key: Mapped[str | None] = mapped_column(String(250))  # the upgrade that took it, if any
+    owner: Mapped[str | None] = mapped_column(String(100))  # "host:pid:start" of the process building it
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -1,0 +1,146 @@
+"""A consistent copy of one stage's Structured Streaming checkpoint as of a committed batch.
+
+Files of committed batches never change, so the copy hard-links them where the store is on the
+same filesystem and copies bytes only across filesystems. The source may be a running query: files
+that vanish mid-walk are tolerated, and everything newer than batch N is pruned (offsets, commits
+and source logs > N, state versions > N + 1, later metadata and schema files, temporary files).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+_LEADING_NUMBER = re.compile(r"^\.?(\d+)")
+_CROSS_DEVICE = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP}
+
+
+@dataclass
+class CopyStats:
+    files: int = 0
+    linked: int = 0
+    copied_bytes: int = 0
+
+
+def _batch_of(name: str) -> int | None:
+    match = _LEADING_NUMBER.match(name)
+    return int(match.group(1)) if match else None
+
+
+def keep(relative: Path, batch: int) -> bool:
+    """Whether a checkpoint file belongs to the state as of committed batch `batch`."""
+    name = relative.name
+    if name.endswith(".tmp") or ".tmp." in name:
+        return False
+    parts = relative.parts
+    number = _batch_of(name)
+    if parts[0] in ("offsets", "commits") or (parts[0] == "sources" and len(parts) == 3):
+        return number is None or number <= batch
+    if parts[0] == "state":
+        if "_metadata" in parts or "_stateSchema" in parts:
+            return number is None or number <= batch
+        if len(parts) == 4:  # state/<operator>/<partition>/<version>.delta|.snapshot|.zip|.changelog
+            return number is None or number <= batch + 1
+    return True
+
+
+def materialise(source: Path, target: Path, *, link: bool = True) -> str | None:
+    """Hard-link source to target, or copy it. Returns "linked", "copied", or None if the source vanished."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if link:
+            try:
+                os.link(source, target)
+                return "linked"
+            except OSError as exc:
+                if exc.errno not in _CROSS_DEVICE:
+                    raise
+        shutil.copy2(source, target)
+        return "copied"
+    except FileNotFoundError:
+        if source.exists():
+            raise
+        return None
+
+
+def snapshot_stage(source: Path, target: Path, batch: int, *, link: bool = True) -> CopyStats:
+    stats = CopyStats()
+    for directory, _dirs, files in os.walk(source):
+        for name in files:
+            path = Path(directory) / name
+            relative = path.relative_to(source)
+            if not keep(relative, batch):
+                continue
+            how = materialise(path, target / relative, link=link)
+            if how is not None:
+                stats.files += 1
+                if how == "linked":
+                    stats.linked += 1
+                else:
+                    stats.copied_bytes += (target / relative).stat().st_size
+    return stats
+
+
+def same_filesystem(a: Path, b: Path) -> bool:
+    a.mkdir(parents=True, exist_ok=True)
+    b.mkdir(parents=True, exist_ok=True)
+    return a.stat().st_dev == b.stat().st_dev
+
+
+def stage_names(root: Path) -> list[str]:
+    """The stage checkpoints under a job's checkpoint root; dot-folders are set aside, not stages."""
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+
+
+def last_commit(checkpoint: Path) -> int | None:
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
+    return max(commits) if commits else None
+
+
+def stateful_operators(stage_checkpoint: Path) -> list[dict[str, object]]:
+    """The stateful operators of a stage, from the files Spark's `state-metadata` reader reads.
+
+    `state/<op>/_metadata/metadata` names the operator and its stores; the key and value schemas,
+    with field names, are in `state/<op>/<partition>/_metadata/schema`.
+    """
+    operators = []
+    state = stage_checkpoint / "state"
+    for op_dir in sorted(state.iterdir(), key=lambda p: p.name) if state.is_dir() else []:
+        if not op_dir.name.isdigit():
+            continue
+        entry: dict[str, object] = {"operator_id": int(op_dir.name)}
+        metadata = op_dir / "_metadata" / "metadata"
+        if metadata.exists():
+            body = json.loads(metadata.read_text().split("\n", 1)[1])
+            entry["operator_name"] = body["operatorInfo"]["operatorName"]
+            entry["state_stores"] = [store["storeName"] for store in body["stateStoreInfo"]]
+        schema = op_dir / "0" / "_metadata" / "schema"
+        if schema.exists():
+            structs = _json_structs(schema.read_bytes().decode("latin-1"))
+            if len(structs) >= 2:
+                entry["key_schema"], entry["value_schema"] = structs[0], structs[1]
+        operators.append(entry)
+    return operators
+
+
+def _json_structs(text: str) -> list[dict[str, object]]:
+    decoder, found, index = json.JSONDecoder(), [], 0
+    while (index := text.find('{"type":"struct"', index)) >= 0:
+        value, end = decoder.raw_decode(text, index)
+        found.append(value)
+        index = end
+    return found
+
+
+def source_offsets(stage_checkpoint: Path, batch: int) -> list[object]:
+    """The source offsets recorded for a batch: the lines after the header in offsets/<batch>."""
+    path = stage_checkpoint / "offsets" / str(batch)
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()[2:]
+    return [json.loads(line) if line.startswith(("{", "[")) else line for line in lines]

@@ -1,0 +1,112 @@
+"""Savepoint refusals that need only the registry and the filesystem."""
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from changeover import savepoints
+from changeover.errors import ChangeoverError
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, JobRun, Savepoint, UpgradeRun, utcnow
+from changeover.settings import Settings
+from sqlalchemy import select
+
+
+def _job_with_checkpoint(settings: Settings, root: Path, state: str = "RUNNING") -> None:
+    """A job row whose current run points at a real checkpoint folder (which may be empty)."""
+    with session_scope(settings.database_url) as s:
+        s.add(Job(name="clicks", module="jobs.clicks", fault_tolerant=True, block_shutdown=False, options={}))
+        s.flush()
+        run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state=state,
+                     checkpoint_root=str(root), progress={})
+        s.add(run)
+        s.flush()
+        s.get(Job, "clicks").current_run_id = run.id
+
+
+def _fake_committed_checkpoint(root: Path, batches: int = 2) -> None:
+    """The file layout of a stage checkpoint that committed `batches` batches."""
+    stage = root / "totals"
+    for b in range(batches):
+        (stage / "offsets").mkdir(parents=True, exist_ok=True)
+        (stage / "commits").mkdir(parents=True, exist_ok=True)
+        (stage / "offsets" / str(b)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{b}}}\n')
+        (stage / "commits" / str(b)).write_text("v1\n{}\n")
+        (stage / "state" / "0" / "0").mkdir(parents=True, exist_ok=True)
+        (stage / "state" / "0" / "0" / f"{b + 1}.delta").write_bytes(bytes([b]) * 100)
+    (stage / "offsets" / str(batches)).write_text("v1\n{}\n")  # in flight: must not be copied
+    (stage / "metadata").write_text('{"id":"q"}')
+
+
+def test_unknown_job_and_unknown_savepoint_are_refused(settings: Settings, tmp_path: Path) -> None:
+    with pytest.raises(ChangeoverError, match=r"job 'ghost': no such job"):
+        savepoints.take(settings, "ghost", "sp1", mode="continue")
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    with pytest.raises(ChangeoverError, match=r"savepoint 'nope' of job clicks: no such savepoint"):
+        savepoints.restore(settings, "clicks", "nope")
+
+
+def test_no_committed_batch_is_refused(settings: Settings, tmp_path: Path) -> None:
+    (tmp_path / "cp" / "totals").mkdir(parents=True)
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    with pytest.raises(ChangeoverError, match="the job has no committed batch yet"):
+        savepoints.take(settings, "clicks", "sp1", mode="continue")
+    with session_scope(settings.database_url) as s:
+        assert s.scalars(select(Savepoint)).all() == []
+
+
+def test_stop_mode_needs_a_stopped_job(settings: Settings, tmp_path: Path) -> None:
+    _fake_committed_checkpoint(tmp_path / "cp")
+    _job_with_checkpoint(settings, tmp_path / "cp", state="RUNNING")
+    with pytest.raises(ChangeoverError, match="needs it stopped at a batch boundary"):
+        savepoints.take(settings, "clicks", "sp1", mode="stop")
+
+
+def test_short_space_is_refused_with_the_figures(settings: Settings, tmp_path: Path, monkeypatch) -> None:
+    _fake_committed_checkpoint(tmp_path / "cp")
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    monkeypatch.setenv("CHANGEOVER_SAVEPOINT_HEADROOM_BYTES", str(1 << 60))
+    with pytest.raises(ChangeoverError, match=r"bytes are free in .* and it needs .* bytes of headroom"):
+        savepoints.take(settings, "clicks", "sp1", mode="continue")
+    assert not (settings.savepoint_dir / "clicks" / "sp1").exists()
+
+
+def test_duplicate_name_is_refused_but_a_retry_gets_the_same_savepoint(settings: Settings, tmp_path: Path) -> None:
+    _fake_committed_checkpoint(tmp_path / "cp")
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    first = savepoints.take(settings, "clicks", "sp1", mode="continue")
+    assert first.status == "COMPLETED" and first.stages == {"totals": 1}
+    with pytest.raises(ChangeoverError, match="a savepoint of that name exists"):
+        savepoints.take(settings, "clicks", "sp1", mode="continue")
+    assert savepoints.take(settings, "clicks", "sp1", mode="continue", exist_ok=True).id == first.id
+
+
+def test_copy_is_pruned_to_the_committed_batch_and_hard_linked(settings: Settings, tmp_path: Path) -> None:
+    _fake_committed_checkpoint(tmp_path / "cp", batches=3)
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    sp = savepoints.take(settings, "clicks", "sp1", mode="continue")
+    stage = Path(sp.path) / "stages" / "totals"
+    assert sorted(p.name for p in (stage / "offsets").iterdir()) == ["0", "1", "2"]  # not the in-flight 3
+    assert sorted(p.name for p in (stage / "state" / "0" / "0").iterdir()) == ["1.delta", "2.delta", "3.delta"]
+    original = tmp_path / "cp" / "totals" / "state" / "0" / "0" / "3.delta"
+    assert (stage / "state" / "0" / "0" / "3.delta").stat().st_ino == original.stat().st_ino
+    manifest = savepoints.verify(Path(sp.path))
+    assert manifest["stages"]["totals"]["batch"] == 2
+    assert manifest["stages"]["totals"]["source_offsets"] == [{"logOffset": 2}]
+    assert "stages/totals/commits/2" in manifest["files"]
+
+
+def test_retention_keeps_the_newest_and_what_an_unfinished_upgrade_uses(settings: Settings, tmp_path: Path) -> None:
+    _fake_committed_checkpoint(tmp_path / "cp")
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    for name in ("a", "b", "c", "d"):
+        savepoints.take(settings, "clicks", name, mode="continue", upgrade_key="up-1" if name == "a" else None)
+    with session_scope(settings.database_url) as s:
+        s.add(UpgradeRun(key="up-1", target_version="4.3.0", members={}, status="RUNNING"))
+        for sp in s.scalars(select(Savepoint)):
+            sp.created_at = utcnow() - timedelta(days=10)
+    assert sorted(savepoints.apply_retention(settings, "clicks", max_count=1)) == ["b", "c"]
+    assert [sp["name"] for sp in savepoints.list_savepoints(settings)] == ["a", "d"]
+    assert savepoints.apply_retention(settings, "clicks", max_age=timedelta(days=1)) == []
+    with pytest.raises(ChangeoverError, match="the unfinished upgrade up-1 refers to it"):
+        savepoints.delete(settings, "clicks", "a")

@@ -1,0 +1,222 @@
+"""Savepoints on real Spark: continue and stop modes, kill -9, corruption, older savepoints, stage names.
+
+One live `clicks` job per registry database runs through the whole module, fed by the generator.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from changeover import jobs, savepoints, sink
+from changeover.cluster import LocalCluster, wait_for
+from changeover.errors import ChangeoverError
+from changeover.generator import Generator
+from changeover.registry.db import session_scope
+from changeover.registry.models import JobRun, Savepoint, SinkLedger
+from changeover.registry.schema import migrate
+from changeover.settings import Settings
+from conftest import PG_ADMIN_URL
+from sqlalchemy import func, select
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Live:
+    settings: Settings
+    cluster: LocalCluster
+    generator: Generator
+
+    def launch(self, job: str, savepoint: str | None = None, **options: Any) -> JobRun:
+        submit = {k: options.pop(k) for k in ("rename_stages", "allow_non_restored_state", "rewind_sink")
+                  if k in options}
+        return jobs.submit(self.settings, self.cluster, "jobs.clicks", job,
+                           options={"landing": str(self.generator.landing), **options},
+                           from_savepoint=savepoint, **submit)
+
+    def batch(self, job: str, stage: str = "totals") -> int:
+        run = jobs.refresh(self.settings, self.cluster, job)
+        assert run is not None
+        return run.progress.get(stage) or -1
+
+    def wait_batches(self, job: str, more: int) -> int:
+        target = self.batch(job) + more
+        wait_for(lambda: self.batch(job) >= target, 180, f"{job} committing {more} more batches")
+        return self.batch(job)
+
+    def settle(self, job: str, stage: str = "totals") -> dict[str, int]:
+        """Pause the input, wait until the job's results equal the ground truth, resume the input."""
+        self.generator.pause()
+        try:
+            truth = dict(self.generator.truth)
+            wait_for(lambda: sink.results(self.settings.database_url, job, stage) == truth, 240,
+                     f"{job}/{stage} catching up with the ground truth")
+            return truth
+        finally:
+            self.generator.resume()
+
+    def first_sink_batch(self, job: str, stage: str) -> int | None:
+        with session_scope(self.settings.database_url) as s:
+            return s.scalar(select(func.min(SinkLedger.batch_id)).where(SinkLedger.job == job,
+                                                                        SinkLedger.stage == stage))
+
+    def stop(self, job: str) -> None:
+        jobs.cancel(self.settings, self.cluster, job, reason="test finished with it")
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, pg_database) -> Iterator[Live]:
+    if request.param == "postgresql" and not PG_ADMIN_URL:
+        pytest.skip("set CHANGEOVER_TEST_DATABASE_URL to run this against PostgreSQL (CI does)")
+    home = tmp_path_factory.mktemp(f"savepoints-{request.param}")
+    url = f"sqlite:///{home / 'registry.db'}" if request.param == "sqlite" else pg_database("changeover_sp")
+    settings = Settings.from_env(home=home / "home", database_url=url)
+    migrate(url)
+    cluster = LocalCluster(settings)
+    generator = Generator(settings.data_dir / "landing")
+    try:
+        cluster.up([("m1", "4.2.0"), ("m2", "4.2.0")])
+        generator.write_file()
+        generator.start(interval=0.5)
+        state = Live(settings, cluster, generator)
+        state.launch("clicks")
+        jobs.wait_until_committed(settings, cluster, "clicks")
+        yield state
+    finally:
+        generator.stop()
+        cluster.down()
+
+
+def test_continue_savepoint_resumes_at_its_batch_and_costs_the_running_job_nothing(live: Live) -> None:
+    live.wait_batches("clicks", 2)
+    sp = savepoints.take(live.settings, "clicks", "c1", mode="continue")
+    assert sp.mode == "continue" and set(sp.stages) == {"totals", "windows"}
+    assert jobs.refresh(live.settings, live.cluster, "clicks").state == "RUNNING"
+    live.wait_batches("clicks", 1)
+
+    live.launch("replay", savepoint="clicks/c1")
+    jobs.wait_until_committed(live.settings, live.cluster, "replay")
+    # The copy stands exactly at the savepoint's batches: the replay writes the next ones first.
+    for stage, batch in sp.stages.items():
+        assert live.first_sink_batch("replay", stage) == batch + 1
+    live.settle("replay")  # savepoint state + the replayed input = every key's exact total
+    live.settle("clicks")  # and the original lost nothing because of the savepoint
+    live.stop("replay")
+
+
+def test_kill_9_at_any_point_leaves_a_complete_savepoint_or_none(live: Live) -> None:
+    code = ("from changeover.settings import Settings; from changeover import savepoints; "
+            "savepoints.take(Settings.from_env(), 'clicks', 'crashy', mode='continue')")
+    env = {**os.environ, **live.settings.as_env()}
+    for point in ("pending", "copying", "copied", "manifest", "moved"):
+        result = subprocess.run([sys.executable, "-c", code], env={**env, "CHANGEOVER_CRASH_AT": point})
+        assert result.returncode == -9, point
+        with session_scope(live.settings.database_url) as s:
+            assert s.scalar(select(Savepoint).where(Savepoint.status == "COMPLETED",
+                                                    Savepoint.name == "crashy")) is None, point
+        with pytest.raises(ChangeoverError, match="no such savepoint"):
+            savepoints.restore(live.settings, "clicks", "crashy")
+        removed = savepoints.reconcile(live.settings)
+        assert removed["rows"] == ["clicks/crashy"], point
+        assert not (live.settings.savepoint_dir / "clicks" / "crashy").exists()
+        assert not list((live.settings.savepoint_dir / "clicks").glob(".staging-*"))
+    sp = savepoints.take(live.settings, "clicks", "crashy", mode="continue")
+    assert sp.status == "COMPLETED"
+    savepoints.verify(Path(sp.path))
+
+
+def test_a_corrupted_or_truncated_savepoint_is_refused_by_file_name(live: Live) -> None:
+    sp = savepoints.take(live.settings, "clicks", "to-corrupt", mode="continue")
+    deltas = sorted((Path(sp.path) / "stages" / "totals" / "state").rglob("*.delta"))
+    flipped, truncated = deltas[0], deltas[-1]
+    original = flipped.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 0x01
+    _replace(flipped, bytes(data))
+    with pytest.raises(ChangeoverError, match=rf"{flipped.relative_to(sp.path)} is corrupted: its SHA-256"):
+        live.launch("from-corrupt", savepoint="clicks/to-corrupt")
+    _replace(flipped, original)
+    savepoints.verify(Path(sp.path))
+    _replace(truncated, truncated.read_bytes()[:-1])
+    with pytest.raises(ChangeoverError, match=rf"{truncated.relative_to(sp.path)} is corrupted: the file has"):
+        savepoints.restore(live.settings, "clicks", "to-corrupt")
+    truncated.unlink()
+    with pytest.raises(ChangeoverError, match=rf"{truncated.relative_to(sp.path)} is corrupted: the file is missing"):
+        savepoints.verify(Path(sp.path))
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write new bytes under the name, not into the inode: the savepoint shares inodes with the live job."""
+    replacement = path.with_name(path.name + ".new")
+    replacement.write_bytes(data)
+    os.replace(replacement, path)
+
+
+def test_resuming_an_older_savepoint_rewinds_the_sink_and_ends_exact(live: Live) -> None:
+    s1 = savepoints.take(live.settings, "clicks", "older-1", mode="continue")
+    live.wait_batches("clicks", 2)
+    savepoints.take(live.settings, "clicks", "older-2", mode="continue")
+    live.wait_batches("clicks", 1)
+    savepoints.request_stop(live.settings, "clicks", reason="test")
+    wait_for(lambda: jobs.refresh(live.settings, live.cluster, "clicks").state == "STOPPED", 120, "clicks stopping")
+    with pytest.raises(ChangeoverError, match=r"the sink is ahead of the savepoint \(totals wrote up to batch"):
+        jobs.resume(live.settings, live.cluster, "clicks", "older-1")
+    run = jobs.resume(live.settings, live.cluster, "clicks", "older-1", rewind_sink=True)
+    assert run.from_savepoint == "older-1"
+    jobs.wait_until_committed(live.settings, live.cluster, "clicks")
+    assert live.first_sink_batch("clicks", "totals") <= s1.stages["totals"] + 1
+    live.settle("clicks")
+
+
+def test_stage_rule_matching_name_is_restored(live: Live) -> None:
+    sp = savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
+    live.launch("same-stages", savepoint="clicks/rules")
+    jobs.wait_until_committed(live.settings, live.cluster, "same-stages")
+    assert live.first_sink_batch("same-stages", "totals") == sp.stages["totals"] + 1
+    live.settle("same-stages")
+    live.stop("same-stages")
+
+
+def test_stage_rule_state_of_a_removed_stage_is_refused_unless_allowed(live: Live) -> None:
+    savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
+    run = live.launch("totals-only", savepoint="clicks/rules", stages=["totals"])
+    wait_for(lambda: jobs.refresh(live.settings, live.cluster, "totals-only").state == "FAILED", 180,
+             "the driver refusing the unmatched state")
+    run = jobs.refresh(live.settings, live.cluster, "totals-only")
+    assert "holds state of stage(s) windows, which the job no longer has" in run.error
+    assert run.first_commit_at is None and live.first_sink_batch("totals-only", "totals") is None
+    jobs.resume(live.settings, live.cluster, "totals-only", "clicks/rules", allow_non_restored_state=True)
+    jobs.wait_until_committed(live.settings, live.cluster, "totals-only")
+    live.settle("totals-only")
+    live.stop("totals-only")
+
+
+def test_stage_rule_a_new_stage_starts_empty(live: Live) -> None:
+    live.launch("small", stages=["totals"])
+    jobs.wait_until_committed(live.settings, live.cluster, "small")
+    sp = savepoints.take(live.settings, "small", "small-1", mode="continue")
+    assert set(sp.stages) == {"totals"}
+    live.stop("small")
+    live.launch("grown", savepoint="small/small-1")
+    jobs.wait_until_committed(live.settings, live.cluster, "grown")
+    assert live.first_sink_batch("grown", "totals") == sp.stages["totals"] + 1
+    assert live.first_sink_batch("grown", "windows") == 0  # no state in the savepoint: a fresh start
+    live.settle("grown")
+    live.stop("grown")
+
+
+def test_stage_rule_rename_moves_a_stages_state(live: Live) -> None:
+    sp = savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
+    live.launch("renamed", savepoint="clicks/rules", stage_names={"totals": "running_totals"},
+                rename_stages={"totals": "running_totals"})
+    jobs.wait_until_committed(live.settings, live.cluster, "renamed")
+    assert live.first_sink_batch("renamed", "running_totals") == sp.stages["totals"] + 1
+    live.settle("renamed", stage="running_totals")
+    live.stop("renamed")
