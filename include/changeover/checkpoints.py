@@ -13,7 +13,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _LEADING_NUMBER = re.compile(r"^\.?(\d+)")
@@ -22,7 +22,7 @@ _CROSS_DEVICE = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP}
 
 @dataclass
 class CopyStats:
-    files: int = 0
+    files: dict[str, os.stat_result] = field(default_factory=dict)  # relative path -> stat of the copy
     linked: int = 0
     copied_bytes: int = 0
 
@@ -32,12 +32,12 @@ def _batch_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def keep(relative: Path, batch: int) -> bool:
-    """Whether a checkpoint file belongs to the state as of committed batch `batch`."""
-    name = relative.name
+def keep(relative: str, batch: int) -> bool:
+    """Whether a checkpoint file (path relative to the stage folder) belongs to the state as of `batch`."""
+    parts = relative.split(os.sep)
+    name = parts[-1]
     if name.endswith(".tmp") or ".tmp." in name:
         return False
-    parts = relative.parts
     number = _batch_of(name)
     if parts[0] in ("offsets", "commits") or (parts[0] == "sources" and len(parts) == 3):
         return number is None or number <= batch
@@ -49,40 +49,55 @@ def keep(relative: Path, batch: int) -> bool:
     return True
 
 
-def materialise(source: Path, target: Path, *, link: bool = True) -> str | None:
+def materialise(source: str | Path, target: str | Path, *, link: bool = True) -> str | None:
     """Hard-link source to target, or copy it. Returns "linked", "copied", or None if the source vanished."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
         if link:
             try:
                 os.link(source, target)
                 return "linked"
+            except FileNotFoundError:
+                parent = os.path.dirname(target)
+                if not os.path.isdir(parent):
+                    os.makedirs(parent, exist_ok=True)
+                    return materialise(source, target, link=link)
+                raise
             except OSError as exc:
                 if exc.errno not in _CROSS_DEVICE:
                     raise
         shutil.copy2(source, target)
         return "copied"
     except FileNotFoundError:
-        if source.exists():
+        if os.path.exists(source):
             raise
         return None
 
 
-def snapshot_stage(source: Path, target: Path, batch: int, *, link: bool = True) -> CopyStats:
+def snapshot_stage(source: Path, target: Path, batch: int, *, link: bool = True, prefix: str = "") -> CopyStats:
+    """Materialise the files of `source` kept for `batch` under `target`. Plain os calls: this is the hot
+    path of a savepoint, one call per checkpoint file."""
     stats = CopyStats()
+    base = len(str(source)) + 1
     for directory, _dirs, files in os.walk(source):
+        relative_dir = directory[base:]
+        made = False
         for name in files:
-            path = Path(directory) / name
-            relative = path.relative_to(source)
+            relative = os.path.join(relative_dir, name) if relative_dir else name
             if not keep(relative, batch):
                 continue
-            how = materialise(path, target / relative, link=link)
-            if how is not None:
-                stats.files += 1
-                if how == "linked":
-                    stats.linked += 1
-                else:
-                    stats.copied_bytes += (target / relative).stat().st_size
+            destination = os.path.join(target, relative)
+            if not made:
+                os.makedirs(os.path.dirname(destination), exist_ok=True)
+                made = True
+            how = materialise(os.path.join(directory, name), destination, link=link)
+            if how is None:
+                continue
+            st = os.stat(destination)
+            stats.files[prefix + relative] = st
+            if how == "linked":
+                stats.linked += 1
+            else:
+                stats.copied_bytes += st.st_size
     return stats
 
 

@@ -22,15 +22,15 @@ class DigestCache:
         self._used: dict[str, str] = {}
 
     @staticmethod
-    def sha256(path: Path) -> str:
+    def sha256(path: str | Path) -> str:
         digest = hashlib.sha256()
         with open(path, "rb") as source:
             while chunk := source.read(1 << 20):
                 digest.update(chunk)
         return digest.hexdigest()
 
-    def of(self, path: Path) -> str:
-        st = path.stat()
+    def of(self, path: str | Path, st: os.stat_result | None = None) -> str:
+        st = st or os.stat(path)
         key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
         value = self._known.get(key) or self.sha256(path)
         self._used[key] = value

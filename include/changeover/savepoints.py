@@ -153,13 +153,16 @@ def take(
     _crash_point("pending")
     staging = store / f".staging-{name}"
     shutil.rmtree(staging, ignore_errors=True)
+    copied: dict[str, os.stat_result] = {}
     for stage, batch in source.stages.items():
-        checkpoints.snapshot_stage(source.root / stage, staging / "stages" / stage, batch, link=link)
+        stats = checkpoints.snapshot_stage(source.root / stage, staging / "stages" / stage, batch, link=link,
+                                           prefix=f"stages/{stage}/")
+        copied.update(stats.files)
         _crash_point("copying")
     _crash_point("copied")
     digests = DigestCache(store / ".digests.json")
-    files = {str(f.relative_to(staging)): {"size": f.stat().st_size, "sha256": digests.of(f)}
-             for f in sorted(staging.rglob("*")) if f.is_file()}
+    files = {relative: {"size": st.st_size, "sha256": digests.of(os.path.join(staging, relative), st)}
+             for relative, st in sorted(copied.items())}
     digests.save()
     sink_progress = sink.progress(settings.database_url, job_name)
     manifest = {
@@ -178,7 +181,7 @@ def take(
         },
         "files": files,
     }
-    _write_durably(staging / MANIFEST, json.dumps(manifest, indent=1))
+    _write_durably(staging / MANIFEST, json.dumps(manifest, separators=(",", ":")))
     _crash_point("manifest")
     shutil.rmtree(final, ignore_errors=True)  # only ever a leftover of a crash: its row was never COMPLETED
     os.rename(staging, final)
