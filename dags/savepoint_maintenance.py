@@ -4,7 +4,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Param, task
 from changeover_airflow.hooks import ChangeoverHook
-from changeover_airflow.operators import SavepointMaintenanceOperator, SavepointOperator
+from changeover_airflow.operators import SAVEPOINTS_ASSET, SavepointMaintenanceOperator, SavepointOperator
 
 with DAG(
     dag_id="savepoint_maintenance",
@@ -30,6 +30,7 @@ with DAG(
     saved = SavepointOperator.partial(
         task_id="savepoint",
         mode="continue",
+        outlets=[SAVEPOINTS_ASSET],  # mapped tasks declare their outlets here, not in __init__
         savepoint_name="scheduled-{{ dag_run.run_after.strftime('%Y%m%dT%H%M%S') }}",
     ).expand(job=fault_tolerant_jobs())
     saved >> SavepointMaintenanceOperator(
