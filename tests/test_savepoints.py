@@ -5,9 +5,11 @@ One live `clicks` job per registry database runs through the whole module, fed b
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from changeover.generator import Generator
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, Savepoint, SinkLedger
 from changeover.registry.schema import migrate
+from changeover.runtimes import find_runtime, java_home
 from changeover.settings import Settings
 from conftest import PG_ADMIN_URL
 from sqlalchemy import func, select
@@ -71,6 +74,41 @@ class Live:
         jobs.cancel(self.settings, self.cluster, job, reason="test finished with it")
 
 
+STATE_AT_BATCH = """
+import json, sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+spark.streams.active  # creates the StateStoreCoordinator that the reader asks for
+rows = spark.read.format("statestore").option("batchId", int(sys.argv[2])).load(sys.argv[1]).collect()
+print("STATE " + json.dumps({row["key"]["key"]: row["value"]["count"] for row in rows}))
+"""
+
+
+def state_at_batch(settings: Settings, stage_checkpoint: Path, batch: int) -> dict[str, int]:
+    """Per-key counts held in a stage checkpoint at a batch, read with Spark's `statestore` reader."""
+    runtime = find_runtime(settings.runtimes_dir, "4.2.0")
+    result = subprocess.run([str(runtime.python), "-c", STATE_AT_BATCH, str(stage_checkpoint), str(batch)],
+                            env={**os.environ, "JAVA_HOME": str(java_home()), "SPARK_LOCAL_IP": "127.0.0.1"},
+                            capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("STATE ")]
+    assert lines, result.stderr[-3000:]
+    return json.loads(lines[0].removeprefix("STATE "))
+
+
+def counts_of_processed_files(stage_checkpoint: Path) -> dict[str, int]:
+    """Per-key event counts of the input files the checkpoint's file-source log says were processed."""
+    paths = set()
+    for log in (stage_checkpoint / "sources" / "0").iterdir():
+        if log.name.startswith("."):
+            continue
+        for line in log.read_text().splitlines()[1:]:
+            paths.add(json.loads(line)["path"].removeprefix("file://"))
+    counts: Counter[str] = Counter()
+    for path in paths:
+        counts.update(json.loads(line)["key"] for line in Path(path).read_text().splitlines())
+    return dict(counts)
+
+
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, pg_database) -> Iterator[Live]:
     if request.param == "postgresql" and not PG_ADMIN_URL:
@@ -99,6 +137,17 @@ def test_continue_savepoint_resumes_at_its_batch_and_costs_the_running_job_nothi
     sp = savepoints.take(live.settings, "clicks", "c1", mode="continue")
     assert sp.mode == "continue" and set(sp.stages) == {"totals", "windows"}
     assert jobs.refresh(live.settings, live.cluster, "clicks").state == "RUNNING"
+    manifest = savepoints.verify(Path(sp.path))
+    assert manifest["code_fingerprint"] and manifest["stages"]["totals"]["batch"] == sp.stages["totals"]
+    (totals,) = manifest["stages"]["totals"]["operators"]
+    assert (totals["read_by"], totals["operator_name"], totals["state_stores"]) == (
+        "state-metadata", "stateStoreSave", ["default"])
+    assert [f["name"] for f in totals["key_schema"]["fields"]] == ["key"]
+    assert [f["name"] for f in totals["value_schema"]["fields"]] == ["count"]
+    # The savepoint's state at its batch is the original's result at that batch: every event of the
+    # files processed up to that batch, per key.
+    stage = Path(sp.path) / "stages" / "totals"
+    assert state_at_batch(live.settings, stage, sp.stages["totals"]) == counts_of_processed_files(stage)
     live.wait_batches("clicks", 1)
 
     live.launch("replay", savepoint="clicks/c1")

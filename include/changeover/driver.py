@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -83,8 +84,31 @@ class Driver:
                 run.ended_at = now
                 audit.record(s, "job.stop", "job", self.job, run=self.run_id, state=state, progress=progress)
 
+    def report_operators(self, spark: Any, checkpoint_root: Path, stages: list[str]) -> None:
+        """Record each stage's stateful operators as Spark's `state-metadata` reader sees them.
+
+        Read once a stage has committed a batch (the reader needs one), so a savepoint's manifest
+        can say which operators its state belongs to without starting Spark itself.
+        """
+        found: dict[str, Any] = {}
+        for stage in stages:
+            if not (checkpoint_root / stage / "state").is_dir():
+                found[stage] = []  # a stateless stage
+                continue
+            rows = spark.read.format("state-metadata").load(str(checkpoint_root / stage)).collect()
+            found[stage] = [row.asDict(recursive=True) for row in rows]
+        with session_scope(self.url) as s:
+            run = s.get(JobRun, self.run_id)
+            assert run is not None
+            run.operators = {**(run.operators or {}), **found}
+
     def run_streaming(
-        self, stages: list[Stage], checkpoint_root: Path, trigger_seconds: float, allow_non_restored: bool = False
+        self,
+        stages: list[Stage],
+        checkpoint_root: Path,
+        trigger_seconds: float,
+        allow_non_restored: bool = False,
+        spark: Any = None,
     ) -> bool:
         """Run until asked to stop. False when the restored state does not fit the job's stages."""
         names = [stage.name for stage in stages]
@@ -100,11 +124,16 @@ class Driver:
             (checkpoint_root / orphan).rename(checkpoint_root / f".dropped-{orphan}")
         seen = {n: last_commit(checkpoint_root / n) for n in names}
         self.report(seen, committed=False)
+        described: set[str] = set()
         while True:
             queries = [self._start(stage, checkpoint_root / stage.name) for stage in stages]
             for query in queries:
                 query.awaitTermination()
             now = {n: last_commit(checkpoint_root / n) for n in names}
+            fresh = [n for n in names if n not in described and now[n] is not None]
+            if spark is not None and fresh:
+                self.report_operators(spark, checkpoint_root, fresh)
+                described.update(fresh)
             advanced = any((now[n] or -1) > (seen[n] if seen[n] is not None else -1) for n in names)
             seen = now
             if self.stop_requested():
@@ -164,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(module, "build"):
             stages = module.build(spark, context)
             if not driver.run_streaming(stages, Path(args.checkpoint_root), args.trigger_seconds,
-                                        args.allow_non_restored_state):
+                                        args.allow_non_restored_state, spark):
                 return 4
         else:
             driver.report({}, committed=False)

@@ -74,6 +74,7 @@ class _Source:
     version: str
     module: str
     stages: dict[str, int]
+    operators: dict[str, Any]  # stage -> the driver's `state-metadata` rows
 
 
 def _source(settings: Settings, job_name: str, name: str, mode: str) -> _Source:
@@ -89,12 +90,13 @@ def _source(settings: Settings, job_name: str, name: str, mode: str) -> _Source:
                                   f"the job is {state}, and a {mode} savepoint needs it "
                                   + ("stopped at a batch boundary" if mode == "stop" else "running"), how)
         root, run_id, version, module = Path(run.checkpoint_root), run.id, run.spark_version, job.module
+        operators = dict(run.operators or {})
     stages = {name: checkpoints.last_commit(root / name) for name in checkpoints.stage_names(root)}
     committed = {stage: batch for stage, batch in stages.items() if batch is not None}
     if not committed:
         raise ChangeoverError(f"savepoint {name!r} of job {job_name}", "the job has no committed batch yet",
                               "let it run until it commits a batch, then take the savepoint")
-    return _Source(root, run_id, version, module, committed)
+    return _Source(root, run_id, version, module, committed, operators)
 
 
 def _check_space(settings: Settings, source: _Source, store: Path, link: bool, name: str) -> None:
@@ -174,7 +176,8 @@ def take(
             stage: {
                 "batch": batch,
                 "source_offsets": checkpoints.source_offsets(staging / "stages" / stage, batch),
-                "operators": checkpoints.stateful_operators(staging / "stages" / stage),
+                "operators": describe_operators(source.operators.get(stage),
+                                                checkpoints.stateful_operators(staging / "stages" / stage)),
                 "sink_batch": sink_progress.get(stage),
             }
             for stage, batch in source.stages.items()
@@ -193,6 +196,25 @@ def take(
         audit.record(s, "savepoint.create", "savepoint", f"{job_name}/{name}", mode=mode, stages=source.stages,
                      size_bytes=manifest["size_bytes"], spark_version=source.version, hard_links=link)
         return savepoint
+
+
+def describe_operators(reader_rows: list[dict[str, Any]] | None, from_files: list[dict[str, Any]]
+                       ) -> list[dict[str, Any]]:
+    """Each stateful operator: id, name and stores from Spark's `state-metadata` reader (as the driver read
+    it), key and value schemas with field names from the schema files. Without reader rows (the driver
+    has not reported yet) the operator metadata files stand in, and the entry says so."""
+    by_id = {entry["operator_id"]: entry for entry in from_files}
+    if reader_rows is None:
+        return [{**entry, "read_by": "metadata files"} for entry in from_files]
+    described: dict[int, dict[str, Any]] = {}
+    for row in reader_rows:
+        entry = described.setdefault(row["operatorId"], {
+            "operator_id": row["operatorId"], "operator_name": row["operatorName"], "state_stores": [],
+            "num_partitions": row["numPartitions"], "read_by": "state-metadata",
+            **{k: v for k, v in by_id.get(row["operatorId"], {}).items() if k.endswith("_schema")},
+        })
+        entry["state_stores"].append(row["stateStoreName"])
+    return list(described.values())
 
 
 def _duplicate(job_name: str, name: str) -> ChangeoverError:

@@ -81,6 +81,8 @@ class JobRun(Base):
     state: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     progress: Mapped[dict[str, Any]] = mapped_column(default=dict)  # stage -> last committed batch
+    # stage -> rows of Spark's `state-metadata` reader, as the driver read them
+    operators: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime | None]
     first_commit_at: Mapped[datetime | None]
