@@ -41,6 +41,10 @@ class DrainPlan:
     executors: int = 0
 
     @property
+    def jobs_left(self) -> bool:
+        return bool(self.save or self.stopping or self.stopped or self.wait or self.grace or self.cancel)
+
+    @property
     def done(self) -> bool:
         return self.status == "DRAINED"
 
@@ -104,8 +108,7 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
                 result.cancel.append(job.name)
     if status == "DRAINING":
         result.decommissioned = membership.is_decommissioned(member)
-        if result.decommissioned and not (result.save or result.stopping or result.stopped or result.wait
-                                          or result.grace or result.cancel):
+        if result.decommissioned and not result.jobs_left:
             result.executors = membership.executors_on(member)
     return result
 
@@ -138,8 +141,7 @@ def step(
                              upgrade_key=upgrade_key):
                 _record(settings, "drain.saved", member, name, resumed_on=target)
         after = plan(settings, membership, member, shutdown_timeout)
-    if current.status != "ACTIVE" and after.decommissioned and after.executors == 0 \
-            and not (after.save or after.stopping or after.stopped or after.wait or after.grace or after.cancel):
+    if current.status != "ACTIVE" and after.decommissioned and after.executors == 0 and not after.jobs_left:
         with session_scope(settings.database_url) as s:
             row = s.get(Member, member)
             assert row is not None

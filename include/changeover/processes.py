@@ -48,15 +48,25 @@ def stop_group(pid: int | None, ticks: str | None, timeout: float = 20.0) -> boo
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
+    # The group outlives its leader while children (drivers, executors) shut down: wait for all of it.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not is_ours(pid, ticks) or _is_zombie(pid):
             _reap(pid)
-            return True
+            if not _group_alive(pid):
+                return True
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
     _reap(pid)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
     return True
 
 
