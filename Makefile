@@ -10,14 +10,21 @@ export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
-.PHONY: demo test lint java runtimes airflow-db clean
+SOAK_RUNS ?= 3
+
+.PHONY: demo test soak lint java chromium runtimes airflow-db clean
 
 demo: java $(VENV)/.installed runtimes airflow-db
 	$(BIN)/changeover demo
 
-test: java $(VENV)/.installed runtimes airflow-db
+test: java chromium $(VENV)/.installed runtimes airflow-db
 	$(BIN)/ruff check dags plugins include tests bench
 	$(BIN)/pytest -v -rs --durations=15
+
+# Not in CI: the browser-triggered rolling upgrade through the real scheduler, SOAK_RUNS times in a row.
+soak: java chromium $(VENV)/.installed runtimes airflow-db
+	@for i in $$(seq $(SOAK_RUNS)); do echo "soak run $$i of $(SOAK_RUNS)"; \
+	  $(BIN)/pytest -q -rs -p no:cacheprovider tests/e2e -k "ui_triggered and sqlite" || exit 1; done
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check dags plugins include tests bench
@@ -27,6 +34,12 @@ java:
 	  echo "error: Java 17+ is missing: Spark 4 needs it. Install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) or set JAVA_HOME." >&2; exit 1; }
 	@v=$$( ([ -x "$$JAVA_HOME/bin/java" ] && "$$JAVA_HOME/bin/java" -version || java -version) 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	  [ "$${v:-0}" -ge 17 ] || { echo "error: Java $$v found, but Spark 4 needs Java 17 or newer. Install openjdk-17 and set JAVA_HOME." >&2; exit 1; }
+
+# The browser test drives Airflow's UI with Debian's Chromium (Playwright's own browser downloads are not used).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  else echo "error: Chromium is missing: the browser test needs it. Install it (Debian/Ubuntu: sudo apt-get install chromium)." >&2; exit 1; fi; }
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "error: Python 3.11 is needed as $(PYTHON)." >&2; exit 1; }

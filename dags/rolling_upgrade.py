@@ -1,18 +1,7 @@
-"""Rolling Spark upgrade: preflight -> per member (drain, upgrade), one at a time -> rebalance -> verify."""
-
-from datetime import timedelta
+"""Rolling Spark upgrade: preflight -> roll (each member drained, then upgraded, in order) -> rebalance -> verify."""
 
 from airflow.sdk import DAG, Param
-from changeover.runtimes import SUPPORTED_VERSIONS, installed_versions
-from changeover.settings import Settings
-from changeover_airflow.operators import (
-    PreflightOperator,
-    RebalanceJobsOperator,
-    RollMemberOperator,
-    VerifyUpgradeOperator,
-)
-
-VERSIONS = installed_versions(Settings.from_env().runtimes_dir) or list(SUPPORTED_VERSIONS)
+from changeover_airflow.chains import UPGRADE_DEFAULT_ARGS, upgrade_chain, upgrade_params
 
 with DAG(
     dag_id="rolling_upgrade",
@@ -20,24 +9,12 @@ with DAG(
     schedule=None,
     max_active_runs=1,
     render_template_as_native_obj=True,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
-    params={
-        "target_version": Param(VERSIONS[-1], enum=VERSIONS, description="Spark version to roll every member to."),
-        "members": Param([], type="array", items={"type": "string"},
-                         description="Members to upgrade, in order. Empty means every member."),
-        "shutdown_timeout": Param(30, type="integer", minimum=0,
-                                  description="Default seconds a drain waits for a job without blockShutdown."),
-        "dry_run": Param(False, type="boolean", description="Only check and print the plan."),
-    },
+    default_args=UPGRADE_DEFAULT_ARGS,
+    params=upgrade_params(
+        "Spark version to roll every member to.",
+        members=Param([], type="array", items={"type": "string"},
+                      description="Members to upgrade, in order. Empty means every member."),
+    ),
     tags=["changeover"],
 ):
-    preflight = PreflightOperator(
-        task_id="preflight", target_version="{{ params.target_version }}", members="{{ params.members }}"
-    )
-
-    roll = RollMemberOperator.partial(
-        task_id="drain_and_upgrade", target_version="{{ params.target_version }}", max_active_tis_per_dagrun=1
-    ).expand(member=preflight.output)
-    rebalance = RebalanceJobsOperator(task_id="rebalance")
-    verify = VerifyUpgradeOperator(task_id="verify", target_version="{{ params.target_version }}")
-    roll >> rebalance >> verify
+    upgrade_chain(members="{{ params.members }}")

@@ -6,17 +6,26 @@ import getpass
 import json
 import logging
 import os
+from datetime import datetime
 from typing import Any
 
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from changeover.registry.db import session_scope
 from changeover.registry.models import Event, utcnow
 
 log = logging.getLogger("changeover.audit")
 
 
 def current_actor() -> str:
+    """Who acts: the person who triggered the Airflow run (then DAG, run, task and try), or the CLI's user."""
     return os.environ.get("CHANGEOVER_ACTOR") or f"cli:{getpass.getuser()}"
+
+
+def current_upgrade() -> str | None:
+    """The upgrade this process works for, so `changeover events --upgrade` finds every action of it."""
+    return os.environ.get("CHANGEOVER_UPGRADE") or None
 
 
 def record(
@@ -30,8 +39,44 @@ def record(
         subject=subject,
         outcome=outcome,
         details=details,
+        upgrade=current_upgrade(),
     )
     session.add(event)
     line = {"actor": event.actor, "action": action, kind: subject, "outcome": outcome, **details}
+    if event.upgrade:
+        line["upgrade"] = event.upgrade
     log.info("audit %s", json.dumps(line, default=str, sort_keys=True))
     return event
+
+
+def find(
+    url: str,
+    *,
+    job: str | None = None,
+    member: str | None = None,
+    upgrade: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 50,
+) -> list[Event]:
+    """Events newest last. A job or member matches as the subject or as the `job`/`member` in the details."""
+    query = select(Event).order_by(Event.id.desc())
+    if upgrade:
+        query = query.where(or_(Event.upgrade == upgrade, Event.subject == upgrade))
+    if since:
+        query = query.where(Event.at >= since)
+    if until:
+        query = query.where(Event.at <= until)
+    wanted = [("job", job), ("member", member)]
+    found: list[Event] = []
+    with session_scope(url) as s:
+        for event in s.scalars(query):  # details are JSON: matched here, the same way on every database
+            if all(value is None or _about(event, kind, value) for kind, value in wanted):
+                found.append(event)
+                if len(found) >= limit:
+                    break
+    return found[::-1]
+
+
+def _about(event: Event, kind: str, name: str) -> bool:
+    return (event.subject_kind == kind and event.subject == name) or (event.details or {}).get(kind) == name

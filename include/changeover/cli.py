@@ -5,20 +5,17 @@ from __future__ import annotations
 import json
 import sys
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import select
 
-from changeover import drain, jobs, savepoints, upgrade
+from changeover import audit, drain, jobs, maintenance, savepoints, upgrade, upgrades
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
-from changeover.registry.db import session_scope
-from changeover.registry.models import Event
 from changeover.registry.schema import migrate
 from changeover.runtimes import SUPPORTED_VERSIONS, install_runtime, installed_versions
 from changeover.settings import Settings
@@ -29,6 +26,10 @@ cluster_app = typer.Typer(help="Start, stop and inspect the local Spark cluster.
 runtime_app = typer.Typer(help="Spark runtimes, one per version.", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(runtime_app, name="runtime")
+upgrades_app = typer.Typer(help="Rolling upgrades: list them, release a stuck one.", invoke_without_command=True)
+app.add_typer(upgrades_app, name="upgrades")
+maintenance_app = typer.Typer(help="Members marked for the next drain window.", invoke_without_command=True)
+app.add_typer(maintenance_app, name="maintenance")
 out = Console()
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -228,22 +229,74 @@ def upgrade_member(member: str, to: Annotated[str, typer.Option("--to", help="Ta
 
 
 @app.command("events")
-def events(limit: int = 50, as_json: JsonFlag = False) -> None:
-    """The audit trail, newest last."""
-    with session_scope(_settings().database_url) as s:
-        rows = [{"at": as_utc(e.at).isoformat(timespec="seconds"), "actor": e.actor, "action": e.action,
-                 "subject": f"{e.subject_kind}:{e.subject}", "outcome": e.outcome, "details": e.details}
-                for e in s.scalars(select(Event).order_by(Event.id.desc()).limit(limit))][::-1]
+def events(
+    limit: int = 50,
+    job: Annotated[str | None, typer.Option(help="Only actions on this job.")] = None,
+    member: Annotated[str | None, typer.Option(help="Only actions on this member.")] = None,
+    upgrade_key: Annotated[str | None, typer.Option("--upgrade", help="Only actions of this upgrade (run id).")] = None,
+    since: Annotated[datetime | None, typer.Option(help="From this UTC time on (ISO 8601).")] = None,
+    until: Annotated[datetime | None, typer.Option(help="Up to this UTC time (ISO 8601).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The audit trail, newest last: who did what to which job, member, savepoint or upgrade, and the outcome."""
+    found = audit.find(_settings().database_url, job=job, member=member, upgrade=upgrade_key,
+                       since=_utc(since), until=_utc(until), limit=limit)
+    rows = [{"at": as_utc(e.at).isoformat(timespec="seconds"), "actor": e.actor, "action": e.action,
+             "subject": f"{e.subject_kind}:{e.subject}", "outcome": e.outcome, "upgrade": e.upgrade,
+             "details": e.details} for e in found]
     _emit(rows, as_json, [("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("SUBJECT", "subject"),
                           ("OUTCOME", "outcome"), ("DETAILS", "details")])
 
 
+@upgrades_app.callback()
+def upgrades_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
+    """Every upgrade: its key (the Airflow run id), target, status, who started it and each member's phase."""
+    if ctx.invoked_subcommand is not None:
+        return
+    _emit(upgrades.list_upgrades(_settings()), as_json,
+          [("KEY", "key"), ("TARGET", "target_version"), ("STATUS", "status"), ("ACTOR", "actor"),
+           ("STARTED", "started_at"), ("MEMBERS", "phases")])
+
+
+@maintenance_app.callback()
+def maintenance_list(ctx: typer.Context) -> None:
+    """The members the drain_window DAG drains and upgrades next, in order."""
+    if ctx.invoked_subcommand is None:
+        out.print(", ".join(maintenance.marked(_settings())) or "no member is marked")
+
+
+@maintenance_app.command("mark")
+def maintenance_mark(member: str, reason: Annotated[str, typer.Option(help="Why, for the audit.")] = "upgrade") -> None:
+    """Mark a member for the next drain window."""
+    maintenance.mark(_settings(), member, reason)
+
+
+@maintenance_app.command("unmark")
+def maintenance_unmark(member: str) -> None:
+    maintenance.unmark(_settings(), member, "unmarked by hand")
+
+
+@upgrades_app.command("release")
+def upgrades_release(key: str) -> None:
+    """End an upgrade whose Airflow run is gone as FAILED, so that a new one can start."""
+    if upgrades.release(_settings(), key, "FAILED", "released by hand"):
+        out.print(f"upgrade {key} released")
+    else:
+        out.print(f"upgrade {key} had ended already; nothing changed")
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    return None if moment is None else (moment if moment.tzinfo else moment.replace(tzinfo=UTC))
+
+
 @app.command("demo")
-def demo() -> None:
-    """Roll a live stateful job through a rolling Spark upgrade driven by Airflow."""
+def demo(
+    keep_airflow: Annotated[bool, typer.Option("--keep-airflow", help="Leave Airflow running afterwards.")] = False,
+) -> None:
+    """Roll a live stateful job through a rolling Spark upgrade, triggered in a real Airflow as the UI does."""
     from changeover.demo import run_demo
 
-    raise typer.Exit(run_demo())
+    raise typer.Exit(run_demo(keep_airflow))
 
 
 def main() -> None:

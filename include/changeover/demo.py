@@ -24,7 +24,7 @@ MEMBERS = ["m1", "m2", "m3"]
 console = Console(soft_wrap=True)
 
 
-def run_demo() -> int:
+def run_demo(keep_airflow: bool = False) -> int:
     started = time.monotonic()
     settings = Settings.from_env()
     java_home()
@@ -36,12 +36,18 @@ def run_demo() -> int:
     forget_engines()
     migrate(settings.database_url)
     generator = Generator(settings.data_dir / "landing")
+    airflow: local_airflow.Standalone | None = None
     try:
-        console.rule("1. cluster: three members at Spark 4.2.0")
+        console.rule("1. Airflow: api-server, scheduler, dag-processor and triggerer, in the background")
+        env = local_airflow.airflow_env(settings)
+        local_airflow.migrate_airflow(env)
+        airflow = local_airflow.Standalone(env, settings.home / "airflow-standalone.log").start()
+        console.print(f"  UI: {airflow.url}  login: admin / {airflow.password}  (logs: {airflow.home}/logs)")
+        console.rule("2. cluster: three members at Spark 4.2.0")
         cluster.up([(m, FROM_VERSION) for m in MEMBERS])
         generator.write_file()
         generator.start(interval=0.5)
-        console.rule("2. jobs: a stateful stream, a block_shutdown batch job, an ad-hoc job")
+        console.rule("3. jobs: a stateful stream, a block_shutdown batch job, an ad-hoc job")
         jobs.submit(settings, cluster, "jobs.clicks", "clicks",
                     options={"landing": str(generator.landing), "trigger_seconds": 1})
         jobs.wait_until_committed(settings, cluster, "clicks")
@@ -53,25 +59,33 @@ def run_demo() -> int:
         order = _drain_order(settings, cluster)
         for row in jobs.list_jobs(settings):
             console.print(f"  {row['name']:<15} {row['state']:<9} on {row['member']} at Spark {row['version']}")
-        console.rule(f"3. Airflow: rolling_upgrade to {TO_VERSION}, members in order {order}")
-        env = local_airflow.airflow_env(settings)
-        local_airflow.migrate_airflow(env)
-        log = settings.home / "airflow-dags-test.log"
+        console.rule(f"4. rolling_upgrade to {TO_VERSION}, members in order {order}, triggered as the UI does")
         conf = {"target_version": TO_VERSION, "members": order, "shutdown_timeout": 30}
-        code = local_airflow.dags_test("rolling_upgrade", conf, env, log)
-        if code != 0:
-            console.print(log.read_text(errors="replace")[-6000:])
-            console.print(f"[red]rolling_upgrade failed (exit {code}); full log: {log}")
+        run_id = airflow.trigger("rolling_upgrade", conf)
+        console.print(f"  run {run_id}: watch it at {airflow.url}/dags/rolling_upgrade/runs/{run_id}")
+        state = airflow.follow("rolling_upgrade", run_id, timeout=1800, on_change=_print_task)
+        if state != "success":
+            console.print(f"[red]rolling_upgrade ended {state}; task logs under {airflow.home}/logs")
             return 1
-        console.rule("4. catch up and verify")
+        console.rule("5. catch up and verify")
         generator.stop()
         wait_for(lambda: sink.results(settings.database_url, "clicks", "totals") == dict(generator.truth), 300,
                  "the clicks job catching up with every file the generator wrote")
         return _summary(settings, cluster, generator, time.monotonic() - started)
     finally:
         generator.stop()
+        if airflow is not None and keep_airflow:
+            console.print(f"Airflow keeps running at {airflow.url} (admin / {airflow.password}); "
+                          f"stop it with: kill -- -{airflow.started.pid if airflow.started else '?'}")
+        elif airflow is not None:
+            airflow.stop()
+            console.print("stopped Airflow")
         stopped = cluster.down()
         console.print(f"stopped {len(stopped)} Spark processes: {', '.join(stopped)}")
+
+
+def _print_task(ti: dict[str, Any]) -> None:
+    console.print(f"  {ti['task_id']:<10} {ti['state'] or 'none':<10} try {ti['try_number']}")
 
 
 def _run(settings: Settings, cluster: LocalCluster, job: str) -> JobRun:

@@ -16,10 +16,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, jobs, relocate, routing, savepoints
+from changeover import audit, faults, jobs, relocate, routing, savepoints
 from changeover.cluster import LocalCluster, Membership
 from changeover.registry.db import session_scope
-from changeover.registry.models import Job, JobRun, Member, utcnow
+from changeover.registry.models import STOPPING, Job, JobRun, Member, utcnow
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 
@@ -37,12 +37,14 @@ class DrainPlan:
     wait: list[str] = field(default_factory=list)
     grace: dict[str, float] = field(default_factory=dict)  # job -> seconds left before cancel
     cancel: list[str] = field(default_factory=list)
+    handoff: list[str] = field(default_factory=list)  # moved, with the old run parked here until its successor writes
     decommissioned: bool = False
     executors: int = 0
 
     @property
     def jobs_left(self) -> bool:
-        return bool(self.save or self.stopping or self.stopped or self.wait or self.grace or self.cancel)
+        return bool(self.save or self.stopping or self.stopped or self.wait or self.grace or self.cancel
+                    or self.handoff)
 
     @property
     def done(self) -> bool:
@@ -59,7 +61,7 @@ class DrainPlan:
             return True
         if not self.stopping and not self.decommissioned:
             return True
-        return not (self.stopping or self.wait or self.grace or self.executors)
+        return not (self.stopping or self.wait or self.grace or self.handoff or self.executors)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "done": self.done, "actionable": self.actionable}
@@ -71,7 +73,7 @@ def jobs_on(settings: Settings, membership: Membership, member: str) -> list[tup
         if run is None or run.member != member:
             continue
         # A job stopped for a savepoint is still ours to save and resume until it runs elsewhere.
-        if run.state in jobs.LIVE or (run.state == "STOPPED" and job.desired == "STOP"):
+        if run.state in jobs.LIVE or (run.state == "STOPPED" and job.desired == "MOVE"):
             found.append((job, run))
     return found
 
@@ -95,7 +97,7 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
             if run.state not in jobs.LIVE:
                 result.stopped.append(job.name)
             else:
-                (result.stopping if job.desired == "STOP" else result.save).append(job.name)
+                (result.stopping if job.desired in STOPPING else result.save).append(job.name)
         elif job.block_shutdown:
             result.wait.append(job.name)
         else:
@@ -107,6 +109,8 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
             else:
                 result.cancel.append(job.name)
     if status == "DRAINING":
+        result.handoff = sorted({run.job for run in jobs.parked_runs_on(settings, membership, member)}
+                                - set(result.stopped) - set(result.stopping))
         result.decommissioned = membership.is_decommissioned(member)
         if result.decommissioned and not result.jobs_left:
             result.executors = membership.executors_on(member)
@@ -126,7 +130,7 @@ def step(
     if current.status == "ACTIVE":
         _begin(settings, membership, current)
     for name in current.save:
-        savepoints.request_stop(settings, name, reason=f"drain of {member}")
+        savepoints.request_stop(settings, name, reason=f"drain of {member}", move=True)
     for name in current.cancel:
         jobs.cancel(settings, membership, name, reason=f"drain of {member}: shutdown_timeout ran out")
         _record(settings, "drain.cancelled", member, name)
@@ -135,6 +139,7 @@ def step(
         membership.decommission(member)  # only now: the saved jobs' batches no longer need its executors
         after = plan(settings, membership, member, shutdown_timeout)
     if after.decommissioned and after.stopped:  # decommissioned first, so a resumed driver cannot land here
+        faults.point(settings, "drain.after_stop")
         target = routing.target_version(settings, exclude=_not_serving(settings))
         for name in after.stopped:
             if relocate.step(settings, membership, name, target, reason=f"drain-{member}", avoid_member=member,
@@ -174,3 +179,34 @@ def _not_serving(settings: Settings) -> list[str]:
 def _record(settings: Settings, action: str, member: str, job: str, **details: Any) -> None:
     with session_scope(settings.database_url) as s:
         audit.record(s, action, "job", job, member=member, **details)
+
+
+def abort(settings: Settings, membership: Membership, member: str, reason: str) -> bool:
+    """Give a member back to service mid-drain (its drain window closed). True once it is ACTIVE again.
+
+    Stops still pending are withdrawn, so parked runs resume in place; jobs already moved stay moved. A
+    decommissioned worker takes no new work until it restarts, so it is restarted at its version, but only
+    when no driver runs on it: a running job is never killed to end a drain.
+    """
+    current = plan(settings, membership, member)
+    if current.status not in ("ACTIVE", "DRAINING"):
+        return False  # already drained: finishing the upgrade is quicker than undoing it
+    with session_scope(settings.database_url) as s:
+        for name in [*current.save, *current.stopping, *current.stopped]:
+            job = s.get(Job, name)
+            if job is not None and job.desired == "MOVE":
+                job.desired = "RUN"
+                audit.record(s, "job.stop_withdrawn", "job", name, member=member, reason=reason)
+    restart = current.decommissioned and not jobs_on(settings, membership, member) \
+        and not jobs.parked_runs_on(settings, membership, member)
+    if restart:
+        with session_scope(settings.database_url) as s:
+            version = LocalCluster._member(s, member).version
+        membership.stop_worker(member)
+        membership.start_worker(member, version)
+    with session_scope(settings.database_url) as s:
+        row = LocalCluster._member(s, member)
+        row.status, row.drain_started_at = "ACTIVE", None
+        audit.record(s, "drain.abort", "member", member, reason=reason, worker_restarted=restart,
+                     still_decommissioned=current.decommissioned and not restart)
+    return True

@@ -2,7 +2,7 @@
 
 It checks the Spark version it was launched for before anything runs, runs the job's stages in
 AvailableNow cycles so that every cycle ends on a committed batch boundary, reports heartbeats and
-committed batches to the registry, and stops at a boundary when a savepoint asks it to.
+committed batches to the registry, and parks at a boundary when a stop is asked for (see `lease`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+from sqlalchemy.exc import OperationalError
 
-from changeover import audit, checkpoints
+from changeover import audit, checkpoints, lease
 from changeover.checkpoints import last_commit
 from changeover.registry.db import session_scope
-from changeover.registry.models import Job, JobRun, utcnow
+from changeover.registry.models import STOPPING, Job, JobRun, utcnow
 from changeover.settings import Settings
 from changeover.sink import write_batch
 from changeover.stages import JobContext, Stage
@@ -50,8 +51,9 @@ def version_mismatch(job: str, actual: str, expected: str) -> str:
 
 
 class Driver:
-    def __init__(self, settings: Settings, job: str, run_id: int) -> None:
+    def __init__(self, settings: Settings, job: str, run_id: int, lease_seconds: float | None = None) -> None:
         self.settings = settings
+        self.lease_seconds = lease_seconds if lease_seconds is not None else lease.lease_seconds()
         self.url = settings.database_url
         self.job = job
         self.run_id = run_id
@@ -67,7 +69,7 @@ class Driver:
         """True when a savepoint asked for a stop, or this run is no longer the job's current one (fenced)."""
         with session_scope(self.url) as s:
             job = s.get(Job, self.job)
-            return job is None or job.desired == "STOP" or job.current_run_id != self.run_id
+            return job is None or job.desired in STOPPING or job.current_run_id != self.run_id
 
     def report(self, progress: dict[str, int | None], committed: bool, state: str = "RUNNING") -> None:
         with session_scope(self.url) as s:
@@ -125,34 +127,77 @@ class Driver:
         seen = {n: last_commit(checkpoint_root / n) for n in names}
         self.report(seen, committed=False)
         described: set[str] = set()
+        took_over = False
         while True:
             queries = [self._start(stage, checkpoint_root / stage.name) for stage in stages]
-            for query in queries:
-                query.awaitTermination()
+            try:
+                for query in queries:
+                    query.awaitTermination()
+            except Exception:
+                if self.stop_state() != "fenced":
+                    raise
+                for query in queries:  # a fenced write failed its batch: nothing of it landed
+                    query.stop()
             now = {n: last_commit(checkpoint_root / n) for n in names}
             fresh = [n for n in names if n not in described and now[n] is not None]
-            if spark is not None and fresh:
+            if spark is not None and fresh and self.stop_state() != "fenced":
                 self.report_operators(spark, checkpoint_root, fresh)
                 described.update(fresh)
             advanced = any((now[n] or -1) > (seen[n] if seen[n] is not None else -1) for n in names)
             seen = now
-            if self.stop_requested():
-                self.report(now, committed=advanced, state="STOPPED")
+            if not took_over:  # even with no data to write, a successor that ran a cycle has taken over
+                took_over = lease.take_over(self.url, self.job, self.run_id)
+            if self.stop_state() != "fenced":
+                self.report(now, committed=advanced)
+            if not self._between_cycles(now, trigger_seconds):
                 return True
-            self.report(now, committed=advanced)
-            deadline = time.monotonic() + trigger_seconds
-            while time.monotonic() < deadline:
-                if self.stop_requested():
-                    self.report(now, committed=False, state="STOPPED")
-                    return True
-                time.sleep(min(0.25, trigger_seconds))
+
+    def stop_state(self) -> str:
+        """"fenced" once another run is the job's current one, else the job's desired state: RUN, STOP or MOVE."""
+        with session_scope(self.url) as s:
+            job = s.get(Job, self.job)
+            if job is None or job.current_run_id != self.run_id:
+                return "fenced"
+            return job.desired
+
+    def _between_cycles(self, progress: dict[str, int | None], trigger_seconds: float) -> bool:
+        """Wait for the next cycle. False when this run ends: fenced off, or handed off after parking."""
+        deadline = time.monotonic() + trigger_seconds
+        while True:
+            state = self.stop_state()
+            if state in ("fenced", "STOP"):
+                self.report(progress, committed=False, state="STOPPED")
+                return False
+            if state == "MOVE":
+                return self._park(progress)
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(min(0.25, trigger_seconds))
+
+    def _park(self, progress: dict[str, int | None]) -> bool:
+        """Stopped at a batch boundary: wait, holding the lease, until handed off (False) or resumed (True)."""
+        lease.park(self.url, self.job, self.run_id, progress, self.lease_seconds)
+        log.info("job %s run %s parked at %s for up to %.0f s", self.job, self.run_id, progress, self.lease_seconds)
+        while (decision := self._decide()) == "wait":
+            time.sleep(0.5)
+        log.info("job %s run %s: %s", self.job, self.run_id, decision)
+        return decision == "resume"
+
+    def _decide(self) -> lease.Decision:
+        """The lease's decision; a registry that does not answer means wait, not fail: the run is parked on a
+        clean boundary, and failing would leave it unresumable."""
+        try:
+            return lease.decide(self.url, self.job, self.run_id)
+        except OperationalError as exc:
+            log.warning("job %s run %s: the registry did not answer (%s); still parked", self.job, self.run_id, exc)
+            return "wait"
 
     def _start(self, stage: Stage, checkpoint: Path):  # type: ignore[no-untyped-def]
-        url, job, name, to_results = self.url, self.job, stage.name, stage.to_results
+        url, job, name, to_results, run_id = self.url, self.job, stage.name, stage.to_results, self.run_id
 
         def sink(frame, batch_id: int) -> None:  # type: ignore[no-untyped-def]
             rows = [(str(r[0]), int(r[1])) for r in to_results(frame).collect()]
-            write_batch(url, job, name, batch_id, rows)
+            write_batch(url, job, name, batch_id, rows, run_id=run_id)
 
         return (
             stage.frame.writeStream.queryName(name)
@@ -173,11 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-root")
     parser.add_argument("--trigger-seconds", type=float, default=1.0)
     parser.add_argument("--allow-non-restored-state", action="store_true")
+    parser.add_argument("--lease-seconds", type=float)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
-    driver = Driver(Settings.from_env(), args.job, args.run_id)
+    driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds)
     spark = SparkSession.builder.appName(f"changeover-{args.job}").getOrCreate()
     try:
         if spark.version != args.expected_version:

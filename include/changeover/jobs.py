@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, routing
+from changeover import audit, lease, routing
 from changeover.cluster import Membership, wait_for
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
-from changeover.registry.db import session_scope
+from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
 from changeover.runtimes import find_runtime
 from changeover.settings import CHECKOUT, Settings
@@ -119,8 +120,16 @@ def launch(
     checkpoint_root: Path,
     from_savepoint: str | None = None,
     allow_non_restored_state: bool = False,
+    replaces_run: int | None = None,
+    replaces_park: int | None = None,
 ) -> JobRun:
-    """Place a Python driver on a worker of the version group through the master's REST server."""
+    """Place a Python driver on a worker of the version group through the master's REST server.
+
+    replaces_run: the parked run this launch succeeds. The launch is refused if that run has meanwhile
+    reclaimed the job (its lease ran out), or stopped again since (replaces_park, its park count then), so
+    that a late orchestrator never fences a live run nor starts from a stale savepoint. The replaced run's
+    lease then counts from this launch: the successor's start is not charged to it.
+    """
     runtime = find_runtime(settings.runtimes_dir, version)
     master = membership.master(version)
     served = master.server_version()
@@ -129,6 +138,17 @@ def launch(
                               f"its master now serves Spark {served}", "retry: routing will pick the group again")
     with session_scope(settings.database_url) as s:
         job = get_job(s, job_name)
+        if replaces_run is not None:
+            job = lock_row(s, Job, job_name)
+            before = current_run(s, job)
+            if (job.current_run_id != replaces_run or before is None or before.state != "STOPPED"
+                    or (replaces_park is not None and before.parks != replaces_park)):
+                raise ChangeoverError(f"launch of a successor to run {replaces_run} of job {job_name}",
+                                      "that run is no longer stopped where its savepoint was taken: it resumed "
+                                      "meanwhile, or stopped again", "retry the task: it looks at the job again")
+            if before.parked:
+                before.lease_until = utcnow() + timedelta(seconds=float(job.options.get("lease_seconds")
+                                                                        or lease.lease_seconds()))
         run = JobRun(job=job_name, spark_version=version, master_url=master_url(master), state="SUBMITTED",
                      checkpoint_root=str(checkpoint_root), from_savepoint=from_savepoint, progress={})
         s.add(run)
@@ -136,6 +156,7 @@ def launch(
         job.current_run_id, job.desired = run.id, "RUN"
         module, run_id = job.module, run.id
         trigger = float(job.options.get("trigger_seconds", 1.0))
+        lease_seconds = float(job.options.get("lease_seconds") or lease.lease_seconds())
     checkpoint_root.mkdir(parents=True, exist_ok=True)
     env = {"PYSPARK_PYTHON": str(runtime.python), "PYTHONPATH": str(INCLUDE), "CHANGEOVER_ACTOR": f"driver:{job_name}",
            **settings.as_env()}
@@ -155,7 +176,7 @@ def launch(
         app_args += ["--conf", f"{key}={value}"]
     app_args += [str(DRIVER), "--job", job_name, "--run-id", str(run_id), "--module", module,
                  "--expected-version", version, "--checkpoint-root", str(checkpoint_root),
-                 "--trigger-seconds", str(trigger)]
+                 "--trigger-seconds", str(trigger), "--lease-seconds", str(lease_seconds)]
     if allow_non_restored_state:
         app_args.append("--allow-non-restored-state")
     request = {
@@ -192,9 +213,19 @@ def master_url(master: Any) -> str:
 def refresh(settings: Settings, membership: Membership, job_name: str) -> JobRun | None:
     """Observe the current run's driver through its master and record its state and member."""
     with session_scope(settings.database_url) as s:
-        job = get_job(s, job_name)
-        run = current_run(s, job)
-        if run is None or run.submission_id is None or run.state not in LIVE:
+        run = current_run(s, get_job(s, job_name))
+        if run is None:
+            return None
+        run_id = run.id
+    return observe(settings, membership, run_id)
+
+
+def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
+    """Ask the run's master about its driver. A live or parked run whose driver has ended is recorded so."""
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, run_id)
+        assert run is not None
+        if run.submission_id is None or not (run.state in LIVE or run.parked):
             return run
         version, submission = run.spark_version, run.submission_id
     try:
@@ -202,17 +233,30 @@ def refresh(settings: Settings, membership: Membership, job_name: str) -> JobRun
     except ChangeoverError:
         status = None  # the group's master is gone, and the driver with it
     with session_scope(settings.database_url) as s:
-        run = s.get(JobRun, get_job(s, job_name).current_run_id)
+        run = s.get(JobRun, run_id)
         assert run is not None
         if status is not None and status.worker_host:
             run.member = s.scalar(select(Member.name).where(Member.host == status.worker_host))
+        if status is None and run.parked:
+            return run  # no answer is no news: a parked driver ends itself, so only its master's word ends it here
         observed = DRIVER_STATES.get(status.state) if status else "KILLED"
-        if observed and observed != "RUNNING" and run.state in LIVE:
+        if observed and observed != "RUNNING" and run.parked:
+            run.ended_at = utcnow()  # its driver is gone; the checkpoint still ends on a batch boundary
+            audit.record(s, "job.end", "job", run.job, run=run.id, state="STOPPED", driver=observed)
+        elif observed and observed != "RUNNING" and run.state in LIVE:
             run.state, run.ended_at = observed, run.ended_at or utcnow()
-            audit.record(s, "job.end", "job", job_name, run=run.id, state=observed)
+            audit.record(s, "job.end", "job", run.job, run=run.id, state=observed)
         elif observed == "RUNNING" and run.state == "SUBMITTED" and run.heartbeat_at is not None:
             run.state = "RUNNING"
         return run
+
+
+def parked_runs_on(settings: Settings, membership: Membership, member: str) -> list[JobRun]:
+    """Runs parked on a member whose drivers still live: they exit once their successors write."""
+    with session_scope(settings.database_url) as s:
+        ids = list(s.scalars(select(JobRun.id).where(
+            JobRun.member == member, JobRun.state == "STOPPED", JobRun.ended_at.is_(None))))
+    return [run for run in (observe(settings, membership, i) for i in ids) if run.parked]
 
 
 def refresh_all(

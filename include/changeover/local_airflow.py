@@ -1,17 +1,27 @@
-"""Run Airflow in-process from this checkout: AIRFLOW_HOME inside it, examples off, our DAGs and plugins.
+"""Run Airflow from this checkout as users run it: AIRFLOW_HOME inside it, examples off, our DAGs and plugins.
 
-Only builds environments and command lines; the core never imports Airflow.
+`Standalone` starts `airflow standalone` (api-server, scheduler with the LocalExecutor, dag-processor,
+triggerer) in its own process group on free loopback ports, and talks to it over the REST API the UI
+uses. The core never imports Airflow: it only builds environments and command lines and speaks HTTP.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from changeover import processes
+from changeover.errors import ChangeoverError
+from changeover.ports import free_port
 from changeover.settings import CHECKOUT, Settings
 
 AIRFLOW = Path(sys.executable).parent / "airflow"
@@ -53,3 +63,152 @@ def dags_test(dag_id: str, conf: dict[str, Any], env: dict[str, str], log: Path)
             [str(AIRFLOW), "dags", "test", dag_id, "-c", json.dumps(conf)], env=env, stdout=out,
             stderr=subprocess.STDOUT,
         ).returncode
+
+
+FINISHED = ("success", "failed")
+
+
+@dataclass
+class Standalone:
+    """`airflow standalone` in the background, in its own process group, driven over its REST API."""
+
+    env: dict[str, str]
+    log: Path
+    port: int = field(default_factory=free_port)
+    started: processes.Started | None = None
+    token: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def home(self) -> Path:
+        return Path(self.env["AIRFLOW_HOME"])
+
+    def start(self, timeout: float = 180) -> Standalone:
+        env = dict(self.env)
+        env.update({
+            "PATH": os.pathsep.join([str(AIRFLOW.parent), env.get("PATH", "")]),  # it starts `airflow ...` children
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        })
+        self.env = env
+        self.started = processes.spawn([str(AIRFLOW), "standalone"], env, self.log, cwd=self.home)
+        self.wait(self._healthy, timeout, "Airflow's api-server, scheduler, dag-processor and triggerer being healthy")
+        return self
+
+    def stop(self) -> bool:
+        if self.started is None:
+            return False
+        stopped = processes.stop_group(self.started.pid, self.started.start_ticks, timeout=40)
+        self.started = None
+        return stopped
+
+    def __enter__(self) -> Standalone:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- what the UI does ---------------------------------------------------------------------
+    @property
+    def password(self) -> str:
+        saved = self.home / "simple_auth_manager_passwords.json.generated"
+        return str(json.loads(saved.read_text())["admin"])
+
+    def login(self) -> str:
+        reply = httpx.post(f"{self.url}/auth/token", json={"username": "admin", "password": self.password}, timeout=30)
+        reply.raise_for_status()
+        self.token = str(reply.json()["access_token"])
+        return self.token
+
+    def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        for fresh in (False, True):  # a restarted api-server may sign tokens with a new key: log in again
+            token = self.login() if fresh or self.token is None else self.token
+            reply = httpx.request(method, f"{self.url}/api/v2{path}", headers={"Authorization": f"Bearer {token}"},
+                                  timeout=30, **kwargs)
+            if reply.status_code != 401:
+                break
+        return reply
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 120) -> None:
+        self.wait(lambda: self.api("GET", f"/dags/{dag_id}").status_code == 200, timeout,
+                  f"the dag-processor parsing DAG {dag_id}")
+
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> str:
+        """Unpause and trigger the DAG as the UI's Trigger button does. Returns the run id."""
+        self.wait_for_dag(dag_id)
+        self.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False}).raise_for_status()
+        reply = self.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+        if reply.status_code >= 400:
+            raise ChangeoverError(f"run of DAG {dag_id} with {conf}", f"Airflow refused it: {reply.text}",
+                                  "fix the parameters as the message says")
+        return str(reply.json()["dag_run_id"])
+
+    def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        reply = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+        reply.raise_for_status()
+        return dict(reply.json())
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        reply = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
+        reply.raise_for_status()
+        return list(reply.json()["task_instances"])
+
+    def follow(self, dag_id: str, run_id: str, timeout: float, on_change: Any = None) -> str:
+        """Wait until the run ends; report each task's state change. Returns the run's final state."""
+        deadline, seen = time.monotonic() + timeout, {}
+        while time.monotonic() < deadline:
+            for ti in self.task_instances(dag_id, run_id):
+                now = (ti["state"], ti["try_number"])
+                if seen.get(ti["task_id"]) != now and on_change is not None:
+                    on_change(ti)
+                seen[ti["task_id"]] = now
+            state = str(self.run(dag_id, run_id)["state"])
+            if state in FINISHED:
+                return state
+            time.sleep(2)
+        raise ChangeoverError(f"run {run_id} of DAG {dag_id}", f"it did not finish within {timeout:.0f} s",
+                              f"look at the grid at {self.url}/dags/{dag_id} and the logs under {self.home}/logs")
+
+    def kill_component(self, name: str) -> list[int]:
+        """SIGKILL one of standalone's components (e.g. the scheduler), as a crash would. Returns the PIDs."""
+        assert self.started is not None
+        killed = []
+        for pid in processes.group_members(self.started.pid):
+            cmdline = processes.cmdline(pid)
+            if pid != self.started.pid and cmdline[1:3] == [str(AIRFLOW), name]:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        return killed
+
+    def event_logs(self, **filters: Any) -> list[dict[str, Any]]:
+        reply = self.api("GET", "/eventLogs", params={"limit": 1000, **filters})
+        reply.raise_for_status()
+        return list(reply.json()["event_logs"])
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _healthy(self) -> bool:
+        if self.started is None or not processes.is_ours(self.started.pid, self.started.start_ticks):
+            raise ChangeoverError("airflow standalone", "it exited while starting",
+                                  f"read its log: {self.log}")
+        health = httpx.get(f"{self.url}/api/v2/monitor/health", timeout=5).json()
+        parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+        return all(health.get(p, {}).get("status") == "healthy" for p in parts)
+
+    @staticmethod
+    def wait(condition: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if condition():
+                    return
+            except (httpx.HTTPError, KeyError, ValueError, FileNotFoundError):
+                pass
+            time.sleep(1)
+        raise ChangeoverError(what, f"it did not happen within {timeout:.0f} s", "look at the Airflow logs")

@@ -29,8 +29,11 @@ def start_ticks(pid: int) -> str | None:
 def spawn(cmd: Sequence[str], env: Mapping[str, str], log_file: Path, cwd: Path | None = None) -> Started:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
+        # stdin too: an Airflow task's stdin is its supervisor's socket, and a child holding it open keeps
+        # the task's exit from being seen for a minute, long after a deferral, which races the trigger.
         proc = subprocess.Popen(
-            list(cmd), env=dict(env), stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+            list(cmd), env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
+            start_new_session=True,
         )
     return Started(proc.pid, start_ticks(proc.pid) or "")
 
@@ -60,6 +63,26 @@ def stop_group(pid: int | None, ticks: str | None, timeout: float = 20.0) -> boo
         os.killpg(pid, signal.SIGKILL)
     _reap(pid)
     return True
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs in a process group we started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    found.append(int(entry.name))
+            except ProcessLookupError:
+                continue
+    return found
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
 
 
 def _group_alive(pgid: int) -> bool:

@@ -30,14 +30,19 @@ def step(
     placed = run.spark_version == target_version and (avoid_member is None or run.member != avoid_member)
     if run.state in jobs.LIVE and desired == "RUN" and placed:
         return True
+    if desired == "STOP":
+        raise ChangeoverError(f"move of job {job_name}", "a user stopped it with a savepoint",
+                              f"resume it yourself with `changeover submit {job_name} --from-savepoint NAME`")
     if run.state in jobs.LIVE:
-        savepoints.request_stop(settings, job_name, reason)
+        savepoints.request_stop(settings, job_name, reason, move=True)
         return False
     if run.state == "STOPPED":
-        name = f"{reason}-run{run.id}"
+        # One savepoint per stop: a run that resumed when its lease ran out and stopped again gets a new one.
+        name = f"{reason}-run{run.id}-stop{run.parks}"
         savepoints.take(settings, job_name, name, upgrade_key=upgrade_key, exist_ok=True)
         root = savepoints.restore(settings, job_name, name)
-        jobs.launch(settings, membership, job_name, target_version, root, from_savepoint=name)
+        jobs.launch(settings, membership, job_name, target_version, root, from_savepoint=name,
+                    replaces_run=run.id, replaces_park=run.parks)
         return True
     raise ChangeoverError(f"move of job {job_name}", f"its run {run.id} ended as {run.state}",
                           f"resume it from its newest savepoint: `changeover submit {job_name} --from-savepoint NAME`")

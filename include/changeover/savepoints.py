@@ -38,16 +38,22 @@ FORMAT = 1
 MODES = ("stop", "continue")
 
 
-def request_stop(settings: Settings, job_name: str, reason: str) -> None:
-    """Ask the job's driver to stop at its next batch boundary. Asking twice changes nothing."""
+def request_stop(settings: Settings, job_name: str, reason: str, move: bool = False) -> None:
+    """Ask the job's driver to stop at its next batch boundary. Asking twice changes nothing.
+
+    move: the stop is for a move, so the driver parks and resumes by itself if the move does not finish.
+    """
     with session_scope(settings.database_url) as s:
         job = get_job(s, job_name)
         if not job.fault_tolerant:
             raise ChangeoverError(f"savepoint of job {job_name}", "it is not fault-tolerant and has no checkpoint",
                                   "cancel it instead, or wait for it to finish")
-        if job.desired != "STOP":
-            job.desired = "STOP"
-            audit.record(s, "job.request_stop", "job", job_name, reason=reason)
+        wanted = "MOVE" if move else "STOP"
+        if job.desired == "STOP" and move:
+            return  # a user's stop stands: a move never turns it into a park
+        if job.desired != wanted:
+            job.desired = wanted
+            audit.record(s, "job.request_stop", "job", job_name, reason=reason, park=move)
 
 
 def _crash_point(name: str) -> None:

@@ -7,17 +7,30 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from changeover.registry.db import session_scope
-from changeover.registry.models import SinkLedger, StageResult
+from changeover.errors import ChangeoverError
+from changeover.registry.db import lock_row, session_scope
+from changeover.registry.models import Job, JobRun, SinkLedger, StageResult, utcnow
+
+
+class Fenced(ChangeoverError):
+    """A run that is no longer its job's current run tried to write: its output must not land."""
 
 
 def _insert(dialect: str) -> Any:
     return (postgresql if dialect == "postgresql" else sqlite).insert
 
 
-def write_batch(url: str, job: str, stage: str, batch_id: int, rows: list[tuple[str, int]]) -> bool:
-    """Write one micro-batch's results. False when this batch was written before."""
+def write_batch(
+    url: str, job: str, stage: str, batch_id: int, rows: list[tuple[str, int]], run_id: int | None = None
+) -> bool:
+    """Write one micro-batch's results. False when this batch was written before.
+
+    With run_id, the write is fenced: it lands only while that run is the job's current run, decided under
+    the job row's lock, the same lock a parked run takes to reclaim the job when its lease runs out.
+    """
     with session_scope(url) as s:
+        if run_id is not None:
+            _check_fence(s, job, run_id)
         if s.get(SinkLedger, (job, stage, batch_id)) is not None:
             return False
         if rows:
@@ -33,6 +46,17 @@ def write_batch(url: str, job: str, stage: str, batch_id: int, rows: list[tuple[
             s.execute(stmt)
         s.add(SinkLedger(job=job, stage=stage, batch_id=batch_id, rows=len(rows)))
     return True
+
+
+def _check_fence(s: Any, job: str, run_id: int) -> None:
+    row = lock_row(s, Job, job)
+    if row is None or row.current_run_id != run_id:
+        raise Fenced(f"write of job {job} by run {run_id}",
+                     f"run {row.current_run_id if row else None} is the job's current run now",
+                     "nothing to do: this run was superseded and stops; its output is written by the current run")
+    run = s.get(JobRun, run_id)
+    if run is not None and run.first_write_at is None:
+        run.first_write_at = utcnow()
 
 
 def results(url: str, job: str, stage: str) -> dict[str, int]:

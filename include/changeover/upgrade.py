@@ -8,7 +8,7 @@ from changeover import audit, jobs, relocate, routing
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
-from changeover.registry.models import Job
+from changeover.registry.models import STOPPING, Job
 from changeover.runtimes import check_version, find_runtime
 from changeover.settings import Settings
 
@@ -41,8 +41,8 @@ def rebalance_step(settings: Settings, cluster: LocalCluster, upgrade_key: str |
     target = routing.target_version(settings)
     moving = []
     for job, run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True):
-        if run is None or run.state not in (*jobs.LIVE, "STOPPED"):
-            continue
+        if run is None or run.state not in (*jobs.LIVE, "STOPPED") or job.desired == "STOP":
+            continue  # not running, or stopped by a user: not ours to move
         if not relocate.step(settings, cluster, job.name, target, reason=f"rebalance-{target}",
                              upgrade_key=upgrade_key):
             moving.append(job.name)
@@ -53,7 +53,7 @@ def jobs_stopping(settings: Settings) -> list[str]:
     """Fault-tolerant jobs asked to stop whose driver has not reached a batch boundary yet."""
     with session_scope(settings.database_url) as s:
         stopping = []
-        for job in s.scalars(select(Job).where(Job.desired == "STOP")):
+        for job in s.scalars(select(Job).where(Job.desired.in_(STOPPING))):
             run = jobs.current_run(s, job)
             if run is not None and run.state in jobs.LIVE:
                 stopping.append(job.name)

@@ -7,11 +7,11 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, jobs, processes, routing
+from changeover import audit, jobs, processes, roll, routing, upgrades
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
-from changeover.registry.models import Master, Member, UpgradeRun, utcnow
+from changeover.registry.models import Master, Member, UpgradeRun
 from changeover.runtimes import check_version, find_runtime, java_home
 from changeover.settings import Settings
 
@@ -31,7 +31,8 @@ class UpgradePlan:
 
 
 def preflight(
-    settings: Settings, cluster: LocalCluster, target: str, requested: list[str], upgrade_key: str
+    settings: Settings, cluster: LocalCluster, target: str, requested: list[str], upgrade_key: str,
+    dry_run: bool = False,
 ) -> UpgradePlan:
     check_version(target)
     find_runtime(settings.runtimes_dir, target)
@@ -49,21 +50,23 @@ def preflight(
                                   "start the cluster with `changeover cluster up` first")
         todo = [n for n in chosen if not (rows[n].version == target and rows[n].status == "ACTIVE")]
         old = {n: rows[n].version for n in todo}
-        run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
-        if run is None:
-            s.add(UpgradeRun(key=upgrade_key, target_version=target, members=old, status="RUNNING"))
-            audit.record(s, "upgrade.begin", "upgrade", upgrade_key, target_version=target, members=old)
     for name in {rows[n].version for n in todo}:
         cluster.master(name)  # each group being left must have a live master
+    if not dry_run:
+        upgrades.begin(settings, upgrade_key, target, old)
+        roll.start(settings, upgrade_key, todo)
     return UpgradePlan(target, todo, old, [j for j in jobs.list_jobs(settings) if j["state"] in jobs.LIVE])
 
 
 def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: str) -> dict[str, Any]:
+    upgrades.require_active(settings, upgrade_key)
     problems: list[str] = []
     with session_scope(settings.database_url) as s:
         run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
         members = dict(run.members) if run else {}
-        for name in members:
+        phases = dict(((run.progress or {}) if run else {}).get("phases", {}))
+        skipped = {m: p for m, p in phases.items() if p == roll.SKIPPED}
+        for name in [m for m in members if m not in skipped]:
             m = s.get(Member, name)
             if m is None or m.version != target or m.status != "ACTIVE" or not processes.is_ours(m.pid, m.pid_started):
                 problems.append(f"member {name} is {m.status if m else 'gone'} at {m.version if m else '?'}")
@@ -79,12 +82,10 @@ def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: 
             if job_run.spark_version != largest:
                 problems.append(f"job {job.name} runs at {job_run.spark_version}, not on the largest group {largest}")
     with session_scope(settings.database_url) as s:
-        run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
-        if run is not None:
-            run.status, run.finished_at = ("FAILED" if problems else "SUCCEEDED"), utcnow()
         audit.record(s, "upgrade.verify", "upgrade", upgrade_key, outcome="failed" if problems else "ok",
-                     members=members, jobs=placed, problems=problems)
-    if problems:
+                     members=members, jobs=placed, problems=problems, skipped=sorted(skipped))
+    if problems:  # the lock stays: a retry may still verify; the run's `finish` task releases it as FAILED
         raise ChangeoverError(f"upgrade {upgrade_key}", "; ".join(problems),
                               "look at the audit trail with `changeover events` and retry the failed task")
-    return {"target_version": target, "members": members, "jobs": placed}
+    upgrades.release(settings, upgrade_key, "SUCCEEDED", "verified")
+    return {"target_version": target, "members": members, "jobs": placed, "skipped": sorted(skipped)}

@@ -2,21 +2,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
-from changeover import drain, jobs, savepoints, upgrade, verify
+from changeover import jobs, maintenance, roll, savepoints, upgrade, upgrades, verify
 from changeover.cluster import LocalCluster
 from changeover.settings import Settings
+from changeover.windows import DrainWindow
 
 from changeover_airflow.hooks import ChangeoverHook
 from changeover_airflow.triggers import ReconcileTrigger
 
 
+def upgrade_key(context: Any) -> str:
+    """An upgrade is its DAG run: run ids are unique only within one DAG."""
+    return f"{context['ti'].dag_id}/{context['ti'].run_id}"
+
+
 class ChangeoverOperator(BaseOperator):
-    """Base: resolves the connection and names the task instance as the actor in the audit trail."""
+    """Base: resolves the connection and names the person and the task instance as the actor in the audit trail."""
+
+    upgrade_step = False  # a step of an upgrade DAG: its events carry the upgrade's key
 
     def __init__(self, *, changeover_conn_id: str = ChangeoverHook.default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -24,8 +32,11 @@ class ChangeoverOperator(BaseOperator):
 
     def _setup(self, context: Any) -> tuple[Settings, LocalCluster]:
         ti = context["ti"]
-        actor = f"airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}[{ti.map_index}]#{ti.try_number}"
-        os.environ["CHANGEOVER_ACTOR"] = actor
+        # The person first: the user who triggered the run (a scheduled run has none), then where it ran.
+        user = getattr(context.get("dag_run"), "triggering_user_name", None) or "scheduler"
+        os.environ["CHANGEOVER_ACTOR"] = f"{user} via airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}#{ti.try_number}"
+        if self.upgrade_step:
+            os.environ["CHANGEOVER_UPGRADE"] = upgrade_key(context)
         settings = ChangeoverHook(self.changeover_conn_id).get_settings()
         return settings, LocalCluster(settings)
 
@@ -34,12 +45,18 @@ class ChangeoverOperator(BaseOperator):
             raise AirflowSkipException("dry run: nothing is changed")
 
     def _defer(
-        self, kind: str, subject: str, settings: Settings, timeout: float | None, shutdown_timeout: int | None = None
+        self,
+        kind: str,
+        subject: str,
+        settings: Settings,
+        timeout: float | None,
+        shutdown_timeout: int | None = None,
+        fire_by: datetime | None = None,
     ) -> None:
         self.defer(
-            trigger=ReconcileTrigger(
-                kind, subject, {"home": str(settings.home), "database_url": settings.database_url}, shutdown_timeout
-            ),
+            trigger=ReconcileTrigger(kind, subject, {"home": str(settings.home)}, shutdown_timeout,
+                                     conn_id=self.changeover_conn_id,
+                                     fire_by=fire_by.timestamp() if fire_by else None),
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout) if timeout else None,
         )
@@ -48,54 +65,82 @@ class ChangeoverOperator(BaseOperator):
 class PreflightOperator(ChangeoverOperator):
     """Checks the target version, runtimes, Java and members; returns the members to roll, in order."""
 
+    upgrade_step = True
+
     template_fields: Sequence[str] = ("target_version", "members")
 
-    def __init__(self, *, target_version: str, members: Any = None, **kwargs: Any) -> None:
+    def __init__(self, *, target_version: str, members: Any = None, marked_only: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.target_version = target_version
         self.members = members
+        self.marked_only = marked_only  # only the members marked for maintenance (a drain window's run)
 
     def execute(self, context: Any) -> list[str]:
         settings, cluster = self._setup(context)
-        plan = verify.preflight(settings, cluster, self.target_version, list(self.members or []),
-                                upgrade_key=context["ti"].run_id)
+        requested = list(self.members or [])
+        if self.marked_only:
+            requested = maintenance.marked(settings)
+            if not requested:
+                raise AirflowSkipException("no member is marked for maintenance: "
+                                           "mark one with `changeover maintenance mark MEMBER`")
+        plan = verify.preflight(settings, cluster, self.target_version, requested,
+                                upgrade_key=upgrade_key(context), dry_run=bool(context["params"].get("dry_run")))
         for line in plan.describe():
             self.log.info(line)
         return [] if context["params"].get("dry_run") else plan.members
 
 
-class RollMemberOperator(ChangeoverOperator):
-    """Drains one member, then upgrades it. Between drain steps it waits in a trigger.
+class RollingUpgradeOperator(ChangeoverOperator):
+    """Rolls the upgrade's members in order, one at a time: drain, then upgrade, then the next member.
 
-    Drain and upgrade share one task so that a member is back in service before the next member's
-    drain starts; the core's one-member-at-a-time gate enforces the same when tasks overlap.
+    One task per run walks every member, so no waiting member ever holds a slot the previous member needs
+    to retry. Progress lives in the registry: a resumed, retried or spuriously re-run try continues where
+    the last one was. Between steps it waits in a trigger, which never fires before the scheduler settles.
     """
 
-    template_fields: Sequence[str] = ("member", "target_version")
+    upgrade_step = True
 
-    def __init__(self, *, member: str, target_version: str, drain_timeout: float = 1800, **kwargs: Any) -> None:
+    upgrade_step = True
+    template_fields: Sequence[str] = ("shutdown_timeout", "drain_needs_seconds")
+
+    def __init__(
+        self,
+        *,
+        shutdown_timeout: Any = None,
+        window: str | None = None,
+        drain_needs_seconds: Any = 0,
+        roll_timeout: float = 3600,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
-        self.member = member
-        self.target_version = target_version
-        self.drain_timeout = drain_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self.window = window  # a drain window: no member's drain starts, or goes on, outside it
+        self.drain_needs_seconds = drain_needs_seconds
+        self.roll_timeout = roll_timeout
 
-    def execute(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, str]:
+    def execute(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._skip_if_dry_run(context)
         settings, cluster = self._setup(context)
-        result = drain.step(settings, cluster, self.member, context["params"].get("shutdown_timeout"),
-                            upgrade_key=context["ti"].run_id)
-        self.log.info("drain %s: %s", self.member, result.as_dict())
-        if not result.done:
-            self._defer("drain", self.member, settings, self.drain_timeout, context["params"].get("shutdown_timeout"))
-        old = upgrade.upgrade_member(settings, cluster, self.member, self.target_version)
-        self.log.info("member %s: %s -> %s", self.member, old, self.target_version)
-        return {"member": self.member, "from": old, "to": self.target_version}
+        timeout = int(self.shutdown_timeout) if self.shutdown_timeout not in (None, "") else None
+        window = DrainWindow.parse(self.window) if self.window else None
+        status = roll.step(settings, cluster, upgrade_key(context), timeout, window=window,
+                           drain_needs_seconds=float(self.drain_needs_seconds or 0))
+        self.log.info("roll %s", status.as_dict())
+        if not status.done:
+            # with a window, come back when it closes at the latest, to undo a drain it closes on
+            opening = window.opening_at(datetime.now(UTC)) if window else None
+            self._defer("roll", upgrade_key(context), settings, self.roll_timeout, timeout,
+                        fire_by=opening[1] if opening else None)
+        return status.as_dict()
 
-    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, str]:
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.execute(context, event)
 
 
 class RebalanceJobsOperator(ChangeoverOperator):
     """Moves fault-tolerant jobs onto the largest version group by savepoint and resume."""
+
+    upgrade_step = True
 
     def __init__(self, *, rebalance_timeout: float = 900, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -104,7 +149,8 @@ class RebalanceJobsOperator(ChangeoverOperator):
     def execute(self, context: Any, event: dict[str, Any] | None = None) -> None:
         self._skip_if_dry_run(context)
         settings, cluster = self._setup(context)
-        moving = upgrade.rebalance_step(settings, cluster, upgrade_key=context["ti"].run_id)
+        upgrades.require_active(settings, upgrade_key(context))
+        moving = upgrade.rebalance_step(settings, cluster, upgrade_key=upgrade_key(context))
         if moving:
             self.log.info("still moving: %s", moving)
             self._defer("rebalance", "jobs", settings, self.rebalance_timeout)
@@ -114,6 +160,9 @@ class RebalanceJobsOperator(ChangeoverOperator):
 
 
 class VerifyUpgradeOperator(ChangeoverOperator):
+    """Checks every member, the masters and the jobs' placement, then ends the upgrade and frees its lock."""
+
+    upgrade_step = True
     template_fields: Sequence[str] = ("target_version",)
 
     def __init__(self, *, target_version: str, **kwargs: Any) -> None:
@@ -123,9 +172,23 @@ class VerifyUpgradeOperator(ChangeoverOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         self._skip_if_dry_run(context)
         settings, cluster = self._setup(context)
-        report = verify.verify(settings, cluster, self.target_version, upgrade_key=context["ti"].run_id)
+        report = verify.verify(settings, cluster, self.target_version, upgrade_key=upgrade_key(context))
         self.log.info("verified: %s", report)
         return report
+
+
+class FinishUpgradeOperator(ChangeoverOperator):
+    """Runs whatever happened upstream: an upgrade not verified by now ended FAILED, and its lock is freed."""
+
+    upgrade_step = True
+
+    def execute(self, context: Any) -> None:
+        settings, _ = self._setup(context)
+        if context["params"].get("dry_run"):
+            return
+        if upgrades.release(settings, upgrade_key(context), "FAILED", "the run ended before verify succeeded",
+                          missing_ok=True):
+            self.log.warning("upgrade %s ended FAILED: its lock is released", upgrade_key(context))
 
 
 SAVEPOINTS_ASSET = Asset(name="changeover_savepoints", uri="changeover://savepoints")

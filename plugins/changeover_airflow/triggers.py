@@ -1,21 +1,26 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-from changeover import drain, upgrade
+from changeover import roll, upgrade
 from changeover.cluster import LocalCluster
 from changeover.settings import Settings
+
+# A deferring task's worker reports its own exit after it defers. A trigger that fires before the
+# scheduler has taken that report in makes it see a stale "success" and retry the task (apache/airflow
+# 66374, 67287, 71580, 72716). Waiting this long first leaves the scheduler time to settle.
+SETTLE_SECONDS = 10.0
 
 
 def ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | None) -> tuple[bool, dict[str, Any]]:
     """Whether the operator has a next step to take: a small, read-mostly observation."""
-    cluster = LocalCluster(settings)
-    if kind == "drain":
-        observed = drain.plan(settings, cluster, subject, shutdown_timeout)
-        return observed.actionable, observed.as_dict()
+    if kind == "roll":
+        status = roll.observe(settings, LocalCluster(settings), subject, shutdown_timeout)
+        return status.drain is None or status.drain.actionable, status.as_dict()
     waiting = upgrade.jobs_stopping(settings)
     if kind == "stop":  # one job asked to stop at a batch boundary
         return subject not in waiting, {"stopping": waiting}
@@ -23,7 +28,11 @@ def ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | N
 
 
 class ReconcileTrigger(BaseTrigger):
-    """Polls the registry and the cluster until the operator can take its next step."""
+    """Polls the registry and the cluster until the operator can take its next step.
+
+    It carries no credentials: the registry's URL comes from the triggerer's own `changeover_default`
+    connection or environment, like the task's.
+    """
 
     def __init__(
         self,
@@ -32,6 +41,9 @@ class ReconcileTrigger(BaseTrigger):
         settings: dict[str, str],
         shutdown_timeout: int | None = None,
         poll_interval: float = 2.0,
+        settle_seconds: float = SETTLE_SECONDS,
+        conn_id: str = "changeover_default",
+        fire_by: float | None = None,
     ) -> None:
         super().__init__()
         self.shutdown_timeout = shutdown_timeout
@@ -39,16 +51,23 @@ class ReconcileTrigger(BaseTrigger):
         self.subject = subject
         self.settings = settings
         self.poll_interval = poll_interval
+        self.settle_seconds = settle_seconds
+        self.conn_id = conn_id
+        self.fire_by = fire_by  # epoch seconds: fire then at the latest (a drain window's close)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             "changeover_airflow.triggers.ReconcileTrigger",
             {"kind": self.kind, "subject": self.subject, "settings": self.settings,
-             "shutdown_timeout": self.shutdown_timeout, "poll_interval": self.poll_interval},
+             "shutdown_timeout": self.shutdown_timeout, "poll_interval": self.poll_interval,
+             "settle_seconds": self.settle_seconds, "conn_id": self.conn_id, "fire_by": self.fire_by},
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        settings = Settings.from_env(home=self.settings["home"], database_url=self.settings["database_url"])
+        from changeover_airflow.hooks import ChangeoverHook
+
+        settings = await asyncio.to_thread(ChangeoverHook(self.conn_id).get_settings)
+        earliest = time.monotonic() + self.settle_seconds
         last: dict[str, Any] | None = None
         while True:
             actionable, observed = await asyncio.to_thread(
@@ -57,7 +76,8 @@ class ReconcileTrigger(BaseTrigger):
             if observed != last:
                 self.log.info("%s %s: %s", self.kind, self.subject, observed)
                 last = observed
-            if actionable:
+            due = self.fire_by is not None and time.time() >= self.fire_by
+            if (actionable or due) and time.monotonic() >= earliest:
                 yield TriggerEvent({"kind": self.kind, "subject": self.subject, "observed": observed})
                 return
             await asyncio.sleep(self.poll_interval)

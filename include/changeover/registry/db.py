@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, update
 from sqlalchemy.orm import Session, sessionmaker
 
 _cached_urls: set[str] = set()
@@ -53,3 +54,16 @@ def forget_engines() -> None:
         engine_for(url).dispose()
     engine_for.cache_clear()
     _cached_urls.clear()
+
+
+def lock_row(session: Session, model: type[Any], key: Any) -> Any:
+    """Load one row for update, so that two writers deciding on it are serialised.
+
+    PostgreSQL takes a row lock. SQLite ignores FOR UPDATE, so a no-op write first takes the database's
+    write lock (waiting out the busy timeout) before the row is read: no decision is made on a stale read.
+    """
+    if session.bind is not None and session.bind.dialect.name == "sqlite":
+        table = model.__table__
+        pk = table.primary_key.columns.values()[0]
+        session.execute(update(table).where(pk == key).values({pk.name: pk}))
+    return session.get(model, key, with_for_update=True, populate_existing=True)

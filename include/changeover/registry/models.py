@@ -13,6 +13,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# Job.desired besides RUN: STOP (a user's stop with a savepoint: the driver exits at the boundary) and MOVE
+# (a drain's or rebalance's stop: the driver parks at the boundary, holding a lease until its successor writes).
+STOPPING = ("STOP", "MOVE")
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
 
@@ -48,6 +53,7 @@ class Member(Base):
     # ACTIVE | DRAINING | DRAINED | UPGRADING | STOPPED
     status: Mapped[str] = mapped_column(String(16))
     drain_started_at: Mapped[datetime | None]
+    maintenance: Mapped[str | None] = mapped_column(String(250))  # why it is marked for the next drain window
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
@@ -59,7 +65,7 @@ class Job(Base):
     block_shutdown: Mapped[bool]
     shutdown_timeout: Mapped[int] = mapped_column(Integer, default=30)
     options: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    # RUN, or STOP when a stop with savepoint has been asked for
+    # RUN, or one of STOPPING
     desired: Mapped[str] = mapped_column(String(16), default="RUN")
     current_run_id: Mapped[int | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -77,7 +83,8 @@ class JobRun(Base):
     member: Mapped[str | None] = mapped_column(String(100))
     checkpoint_root: Mapped[str | None] = mapped_column(Text)
     from_savepoint: Mapped[str | None] = mapped_column(String(100))
-    # SUBMITTED | RUNNING | STOPPED (at a batch boundary) | FINISHED | FAILED | KILLED
+    # SUBMITTED | RUNNING | STOPPED (at a batch boundary) | FINISHED | FAILED | KILLED.
+    # STOPPED with no ended_at is a parked run: its driver lives, holding its lease until a successor writes.
     state: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     progress: Mapped[dict[str, Any]] = mapped_column(default=dict)  # stage -> last committed batch
@@ -88,6 +95,14 @@ class JobRun(Base):
     first_commit_at: Mapped[datetime | None]
     last_commit_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]
+    lease_until: Mapped[datetime | None]  # a parked run resumes by itself after this
+    parks: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # times it stopped at a boundary
+    # when it took the job over (its first sink write or its first cycle): from then on it cannot be fenced off
+    first_write_at: Mapped[datetime | None]
+
+    @property
+    def parked(self) -> bool:
+        return self.state == "STOPPED" and self.ended_at is None
 
 
 class Savepoint(Base):
@@ -115,6 +130,10 @@ class UpgradeRun(Base):
     target_version: Mapped[str] = mapped_column(String(32))
     members: Mapped[dict[str, Any]] = mapped_column(default=dict)  # member -> old version
     status: Mapped[str] = mapped_column(String(16))  # RUNNING | SUCCEEDED | FAILED
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # member -> phase (DRAINING, UPGRADED, SKIPPED)
+    actor: Mapped[str | None] = mapped_column(String(250))  # who triggered it
+    # 1 while RUNNING, else NULL: the unique constraint is the registry lock, one running upgrade at a time
+    active: Mapped[int | None] = mapped_column(Integer, unique=True)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 
@@ -131,6 +150,7 @@ class Event(Base):
     subject: Mapped[str] = mapped_column(String(200), index=True)
     outcome: Mapped[str] = mapped_column(String(32))
     details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    upgrade: Mapped[str | None] = mapped_column(String(250), index=True)  # the upgrade it was part of
 
 
 class SinkLedger(Base):

@@ -1,0 +1,101 @@
+"""A stopped job always comes back: the lease of a parked run.
+
+A fault-tolerant run asked to stop does not exit at the batch boundary. It parks: its queries are
+stopped, its driver stays up, and it holds a lease. It exits once its successor has written output.
+If no successor has written by the end of the lease, whatever happened to the orchestrator (a failed
+task, a deadlock, a killed scheduler), the parked run reclaims the job and resumes in place. The
+successor, if one was launched, is fenced off: its sink writes are refused (see `sink.write_batch`).
+Every decision is taken under the job row's lock, the same lock the sink's fence takes.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any, Literal
+
+from sqlalchemy import select
+
+from changeover import audit
+from changeover.registry.db import lock_row, session_scope
+from changeover.registry.models import Job, JobRun, utcnow
+from changeover.timeutil import as_utc
+
+DEFAULT_LEASE_SECONDS = 120.0
+Decision = Literal["wait", "exit", "resume"]
+
+
+def lease_seconds() -> float:
+    return float(os.environ.get("CHANGEOVER_LEASE_SECONDS") or DEFAULT_LEASE_SECONDS)
+
+
+def park(url: str, job: str, run_id: int, progress: dict[str, int | None], seconds: float) -> None:
+    with session_scope(url) as s:
+        run = s.get(JobRun, run_id)
+        assert run is not None
+        now = utcnow()
+        run.state, run.progress, run.heartbeat_at = "STOPPED", dict(progress), now
+        run.parks = (run.parks or 0) + 1
+        run.lease_until = now + timedelta(seconds=seconds)
+        audit.record(s, "job.park", "job", job, run=run_id, progress=progress, lease_seconds=seconds,
+                     lease_until=run.lease_until.isoformat())
+
+
+def take_over(url: str, job: str, run_id: int) -> bool:
+    """A successor that has run its first cycle takes the job over, data or none: from then on the parked
+    run it replaces exits instead of reclaiming. False when this run was fenced off first."""
+    with session_scope(url) as s:
+        row = lock_row(s, Job, job)
+        run = s.get(JobRun, run_id)
+        assert row is not None and run is not None
+        if row.current_run_id != run_id:
+            return False
+        if run.first_write_at is None:
+            run.first_write_at = utcnow()
+        return True
+
+
+def decide(url: str, job: str, run_id: int) -> Decision:
+    """What a parked run does now: keep waiting, exit (handed off), or resume (lease out, or stop withdrawn)."""
+    with session_scope(url) as s:
+        row = lock_row(s, Job, job)
+        run = s.get(JobRun, run_id)
+        assert row is not None and run is not None
+        now = utcnow()
+        expired = run.lease_until is not None and now >= as_utc(run.lease_until)
+        if run.ended_at is not None or row.desired == "STOP" or _taken_over_since(s, job, run_id):
+            # recorded as ended, stopped by a user, or some later run has taken over: never reclaim
+            run.ended_at, run.lease_until = run.ended_at or now, None
+            audit.record(s, "job.handoff" if row.desired != "STOP" else "job.stop", "job", job, run=run_id,
+                         successor=row.current_run_id)
+            return "exit"
+        if row.current_run_id != run_id:
+            successor = s.get(JobRun, row.current_run_id) if row.current_run_id else None
+            if successor is not None and (successor.first_write_at or successor.first_commit_at):
+                run.ended_at, run.lease_until = now, None
+                audit.record(s, "job.handoff", "job", job, run=run_id, successor=successor.id)
+                return "exit"
+            if not expired:
+                return "wait"
+            row.current_run_id, row.desired = run_id, "RUN"
+            _resume(s, job, run, "its lease ran out before the successor wrote anything; the successor is fenced",
+                    successor=successor.id if successor else None)
+            return "resume"
+        if row.desired == "RUN":
+            _resume(s, job, run, "the stop was withdrawn")
+            return "resume"
+        if not expired:
+            return "wait"
+        row.desired = "RUN"
+        _resume(s, job, run, "its lease ran out and no successor was launched")
+        return "resume"
+
+
+def _taken_over_since(s: Any, job: str, run_id: int) -> bool:
+    later = select(JobRun.id).where(JobRun.job == job, JobRun.id > run_id, JobRun.first_write_at.is_not(None))
+    return s.scalar(later.limit(1)) is not None
+
+
+def _resume(s: object, job: str, run: JobRun, why: str, **details: object) -> None:
+    run.state, run.lease_until, run.heartbeat_at = "RUNNING", None, utcnow()
+    audit.record(s, "job.unpark", "job", job, run=run.id, reason=why, **details)  # type: ignore[arg-type]

@@ -1,0 +1,137 @@
+"""A rolling upgrade as one sequence: members in order, one at a time, each drained then upgraded.
+
+The sequence's progress lives in the upgrade's registry row (member -> phase), so a resumed, retried or
+spuriously re-run task continues where it was: a member UPGRADED is never drained again, and the next
+member's drain starts only once the previous member is back in service at the target version. One
+caller advances it at a time; nothing waits while holding what another member needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+
+from changeover import audit, drain, maintenance, upgrade, upgrades
+from changeover.cluster import LocalCluster
+from changeover.errors import ChangeoverError
+from changeover.registry.db import lock_row, session_scope
+from changeover.registry.models import Member, UpgradeRun, utcnow
+from changeover.settings import Settings
+from changeover.windows import DrainWindow, may_start_drain
+
+PENDING, DRAINING, UPGRADED, SKIPPED = "PENDING", "DRAINING", "UPGRADED", "SKIPPED"
+
+
+@dataclass
+class RollStatus:
+    upgrade: str
+    phases: dict[str, str]
+    current: str | None = None  # the member being drained, when the roll waits on it
+    drain: drain.DrainPlan | None = None
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.current is None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"upgrade": self.upgrade, "phases": self.phases, "current": self.current, "reasons": self.reasons,
+                "drain": self.drain.as_dict() if self.drain else None}
+
+
+def start(settings: Settings, upgrade_key: str, members: list[str]) -> None:
+    """Record the order once; a retried preflight keeps the progress already made."""
+    with session_scope(settings.database_url) as s:
+        run = _upgrade(s, upgrade_key)
+        if not run.progress:
+            run.progress = {"order": list(members), "phases": dict.fromkeys(members, PENDING), "reasons": {}}
+
+
+def step(
+    settings: Settings,
+    cluster: LocalCluster,
+    upgrade_key: str,
+    shutdown_timeout: int | None = None,
+    window: DrainWindow | None = None,
+    drain_needs_seconds: float = 0.0,
+    now: datetime | None = None,
+) -> RollStatus:
+    """Advance the roll as far as it goes without waiting. Returns what it waits on, or done."""
+    upgrades.require_active(settings, upgrade_key)
+    with session_scope(settings.database_url) as s:
+        run = _upgrade(s, upgrade_key)
+        target, order = run.target_version, list((run.progress or {}).get("order", []))
+    for member in order:
+        phase = _phase(settings, upgrade_key, member)
+        if phase in (UPGRADED, SKIPPED):
+            continue
+        with session_scope(settings.database_url) as s:
+            row = s.get(Member, member)
+            at_target = row is not None and row.version == target and row.status == "ACTIVE"
+        if at_target:  # upgraded by an attempt that died before it recorded so
+            _set_phase(settings, upgrade_key, member, UPGRADED)
+            maintenance.unmark(settings, member, f"upgraded to {target} by {upgrade_key}")
+            continue
+        if window is not None:
+            moment = now or utcnow()
+            allowed, reason = may_start_drain(window, moment, drain_needs_seconds if phase == PENDING else 0.0)
+            if not allowed and (phase == PENDING or drain.abort(settings, cluster, member, reason)):
+                _set_phase(settings, upgrade_key, member, SKIPPED, reason)
+                continue
+        if phase == PENDING:
+            _set_phase(settings, upgrade_key, member, DRAINING)
+        plan = drain.step(settings, cluster, member, shutdown_timeout, upgrade_key=upgrade_key)
+        if not plan.done:
+            return _status(settings, upgrade_key, member, plan)
+        upgrade.upgrade_member(settings, cluster, member, target)
+        _set_phase(settings, upgrade_key, member, UPGRADED)
+        maintenance.unmark(settings, member, f"upgraded to {target} by {upgrade_key}")
+    return _status(settings, upgrade_key, None, None)
+
+
+def observe(
+    settings: Settings, cluster: LocalCluster, upgrade_key: str, shutdown_timeout: int | None = None
+) -> RollStatus:
+    """Read-only: what the roll waits on now (for a trigger)."""
+    with session_scope(settings.database_url) as s:
+        progress = _upgrade(s, upgrade_key).progress or {}
+    current = next((m for m in progress.get("order", []) if progress["phases"][m] == DRAINING), None)
+    plan = drain.plan(settings, cluster, current, shutdown_timeout) if current else None
+    return _status(settings, upgrade_key, current, plan)
+
+
+def _status(settings: Settings, key: str, current: str | None, plan: drain.DrainPlan | None) -> RollStatus:
+    with session_scope(settings.database_url) as s:
+        progress = _upgrade(s, key).progress or {}
+    return RollStatus(key, dict(progress.get("phases", {})), current, plan, dict(progress.get("reasons", {})))
+
+
+def _upgrade(s: Any, key: str) -> UpgradeRun:
+    run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == key))
+    if run is None:
+        raise ChangeoverError(f"upgrade {key!r}", "no such upgrade was started",
+                              "run its preflight first (the rolling_upgrade DAG's first task does)")
+    return run
+
+
+def _phase(settings: Settings, key: str, member: str) -> str:
+    with session_scope(settings.database_url) as s:
+        return str((_upgrade(s, key).progress or {}).get("phases", {}).get(member, PENDING))
+
+
+def _set_phase(settings: Settings, key: str, member: str, phase: str, reason: str | None = None) -> None:
+    with session_scope(settings.database_url) as s:
+        run = lock_row(s, UpgradeRun, _upgrade(s, key).id)
+        progress = dict(run.progress or {})
+        before = progress.get("phases", {}).get(member)
+        if before == phase:
+            return
+        progress["phases"] = {**progress.get("phases", {}), member: phase}
+        if reason:
+            progress["reasons"] = {**progress.get("reasons", {}), member: reason}
+        run.progress = progress  # a new dict, so the JSON column is written
+        audit.record(s, f"upgrade.member.{phase.lower()}", "member", member, upgrade=key, before=before,
+                     **({"reason": reason} if reason else {}))

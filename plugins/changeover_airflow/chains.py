@@ -1,0 +1,57 @@
+"""The task chain every upgrade DAG runs: preflight >> roll >> rebalance >> verify >> finish."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import Param
+from changeover.runtimes import SUPPORTED_VERSIONS, installed_versions
+from changeover.settings import Settings
+
+from changeover_airflow.operators import (
+    FinishUpgradeOperator,
+    PreflightOperator,
+    RebalanceJobsOperator,
+    RollingUpgradeOperator,
+    VerifyUpgradeOperator,
+)
+
+# Every task picks up where the last try was, so retries are cheap; enough of them to outlast spurious
+# retries from the scheduler's deferral race.
+UPGRADE_DEFAULT_ARGS: dict[str, Any] = {"retries": 4, "retry_delay": timedelta(seconds=10)}
+
+
+def upgrade_params(target_description: str, **extra: Param) -> dict[str, Param]:
+    """The trigger form's fields every upgrade DAG shares: the installed versions, the drain timeout, dry run."""
+    versions = installed_versions(Settings.from_env().runtimes_dir) or list(SUPPORTED_VERSIONS)
+    return {
+        "target_version": Param(versions[-1], enum=versions, description=target_description),
+        **extra,
+        "shutdown_timeout": Param(30, type="integer", minimum=0,
+                                  description="Default seconds a drain waits for a job without blockShutdown."),
+        "dry_run": Param(False, type="boolean", description="Only check and print the plan."),
+    }
+
+
+def upgrade_chain(
+    *,
+    members: Any = None,
+    marked_only: bool = False,
+    window: str | None = None,
+    drain_needs_seconds: Any = 0,
+) -> list[Any]:
+    """Build the chain inside a DAG. Templates read the DAG's `target_version` and `shutdown_timeout` Params."""
+    target = "{{ params.target_version }}"
+    tasks = [
+        PreflightOperator(task_id="preflight", target_version=target, members=members, marked_only=marked_only),
+        RollingUpgradeOperator(task_id="roll", shutdown_timeout="{{ params.shutdown_timeout }}", window=window,
+                               drain_needs_seconds=drain_needs_seconds),
+        RebalanceJobsOperator(task_id="rebalance"),
+        VerifyUpgradeOperator(task_id="verify", target_version=target),
+        # all_done: whatever failed upstream, an upgrade not verified by now ends FAILED and frees the lock
+        FinishUpgradeOperator(task_id="finish", trigger_rule="all_done", retries=0),
+    ]
+    for before, after in zip(tasks, tasks[1:], strict=False):
+        before >> after
+    return tasks

@@ -1,0 +1,1 @@
+"""End-to-end helpers that drive the real Airflow UI (see browser.py)."""

@@ -1,0 +1,179 @@
+"""A parked run's lease, the sink's fence and the upgrade lock, on the registry (SQLite and PostgreSQL).
+
+The runs here are registry rows, not Spark drivers: these decisions are taken in the registry under
+row locks, and the end-to-end tests drive the same code through real drivers.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from changeover import audit, lease, roll, upgrades, verify
+from changeover.cluster import LocalCluster
+from changeover.errors import ChangeoverError
+from changeover.registry.db import lock_row, session_scope
+from changeover.registry.models import Job, JobRun, Master, Member, utcnow
+from changeover.settings import Settings
+from changeover.sink import Fenced, write_batch
+from changeover.windows import DrainWindow
+
+
+def _job_with_parked_run(settings: Settings, lease_left: float) -> int:
+    with session_scope(settings.database_url) as s:
+        s.add(Job(name="clicks", module="jobs.clicks", fault_tolerant=True, block_shutdown=False, options={},
+                  desired="MOVE"))
+        s.flush()
+        run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={})
+        s.add(run)
+        s.flush()
+        s.get(Job, "clicks").current_run_id = run.id
+        run_id = run.id
+    lease.park(settings.database_url, "clicks", run_id, {"totals": 4}, seconds=lease_left)
+    return run_id
+
+
+def _successor(settings: Settings) -> int:
+    with session_scope(settings.database_url) as s:
+        run = JobRun(job="clicks", spark_version="4.3.0", master_url="spark://y", state="SUBMITTED", progress={})
+        s.add(run)
+        s.flush()
+        job = s.get(Job, "clicks")
+        job.current_run_id, job.desired = run.id, "RUN"
+        return run.id
+
+
+def test_a_parked_run_waits_then_resumes_when_its_lease_runs_out(settings: Settings) -> None:
+    old = _job_with_parked_run(settings, lease_left=3600)
+    assert lease.decide(settings.database_url, "clicks", old) == "wait"
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, old).lease_until = utcnow() - timedelta(seconds=1)
+    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    with session_scope(settings.database_url) as s:
+        job, run = s.get(Job, "clicks"), s.get(JobRun, old)
+        assert (job.desired, job.current_run_id, run.state, run.parked) == ("RUN", old, "RUNNING", False)
+    why = [e.details["reason"] for e in audit.find(settings.database_url, job="clicks") if e.action == "job.unpark"]
+    assert why == ["its lease ran out and no successor was launched"]
+
+
+def test_a_parked_run_exits_once_its_successor_has_written(settings: Settings) -> None:
+    old = _job_with_parked_run(settings, lease_left=3600)
+    new = _successor(settings)
+    assert lease.decide(settings.database_url, "clicks", old) == "wait"
+    assert write_batch(settings.database_url, "clicks", "totals", 5, [("a", 1)], run_id=new)
+    assert lease.decide(settings.database_url, "clicks", old) == "exit"
+    with session_scope(settings.database_url) as s:
+        assert s.get(JobRun, old).ended_at is not None
+
+
+def test_an_expired_lease_fences_a_successor_that_has_not_written(settings: Settings) -> None:
+    old = _job_with_parked_run(settings, lease_left=3600)
+    new = _successor(settings)
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, old).lease_until = utcnow() - timedelta(seconds=1)
+    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    with pytest.raises(Fenced, match=f"write of job clicks by run {new}: run {old} is the job's current run"):
+        write_batch(settings.database_url, "clicks", "totals", 5, [("a", 1)], run_id=new)
+    assert write_batch(settings.database_url, "clicks", "totals", 5, [("a", 1)], run_id=old)
+
+
+def test_a_users_stop_is_never_undone_by_the_lease(settings: Settings) -> None:
+    old = _job_with_parked_run(settings, lease_left=0)
+    with session_scope(settings.database_url) as s:
+        s.get(Job, "clicks").desired = "STOP"  # `changeover savepoint clicks NAME --cancel`
+    assert lease.decide(settings.database_url, "clicks", old) == "exit"
+    with session_scope(settings.database_url) as s:
+        assert s.get(Job, "clicks").desired == "STOP" and s.get(JobRun, old).ended_at is not None
+
+
+def test_a_parked_run_never_reclaims_from_a_later_run_that_took_over(settings: Settings) -> None:
+    old = _job_with_parked_run(settings, lease_left=0)
+    taken = _successor(settings)
+    assert lease.take_over(settings.database_url, "clicks", taken)
+    _successor(settings)  # the job moved on again; this newest run has not written yet
+    assert lease.decide(settings.database_url, "clicks", old) == "exit"
+
+
+def test_the_fence_waits_for_a_lease_decision_in_flight(settings: Settings) -> None:
+    """The sink's fence and a lease decision take the same lock: a writer waits while it is held."""
+    old = _job_with_parked_run(settings, lease_left=3600)
+    new = _successor(settings)
+    written, fenced = threading.Event(), threading.Event()
+
+    def write() -> None:
+        try:
+            write_batch(settings.database_url, "clicks", "totals", 5, [("a", 1)], run_id=new)
+            written.set()
+        except Fenced:
+            fenced.set()
+
+    with session_scope(settings.database_url) as s:
+        lock_row(s, Job, "clicks")  # as `lease.decide` holds it
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert not (written.wait(timeout=2) or fenced.is_set()), "the writer went on while the job row was locked"
+        s.get(Job, "clicks").current_run_id = old  # the lease ran out: the old run reclaims the job
+    writer.join(timeout=60)
+    assert fenced.is_set() and not written.is_set()  # the waiting write saw the reclaim and was fenced off
+
+
+def test_a_withdrawn_stop_unparks_the_run(settings: Settings) -> None:
+    old = _job_with_parked_run(settings, lease_left=3600)
+    with session_scope(settings.database_url) as s:
+        s.get(Job, "clicks").desired = "RUN"
+    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+
+
+def _cluster_rows(settings: Settings) -> None:
+    """Members and a master as the registry records them; preflight only reads these rows."""
+    with session_scope(settings.database_url) as s:
+        s.add(Master(version="4.2.0", host="127.0.0.1", port=1, webui_port=2, rest_port=3, status="RUNNING"))
+        for name in ("m1", "m2"):
+            s.add(Member(name=name, version="4.2.0", host=f"127.0.1.{name[1]}", status="ACTIVE"))
+
+
+def test_one_upgrade_at_a_time_and_a_release_frees_the_lock(settings: Settings) -> None:
+    _cluster_rows(settings)
+    verify.preflight(settings, LocalCluster(settings), "4.3.0", [], upgrade_key="run-a")
+    verify.preflight(settings, LocalCluster(settings), "4.3.0", [], upgrade_key="run-a")  # a retry
+    with pytest.raises(ChangeoverError, match="upgrade run-b: upgrade run-a to 4.3.0 is still running") as refused:
+        verify.preflight(settings, LocalCluster(settings), "4.3.0", [], upgrade_key="run-b")
+    assert "changeover upgrades release run-a" in str(refused.value)
+    assert upgrades.release(settings, "run-a", "FAILED", "test")
+    assert not upgrades.release(settings, "run-a", "FAILED", "test")
+    with pytest.raises(ChangeoverError, match="upgrade run-a: it has ended as FAILED"):
+        upgrades.require_active(settings, "run-a")  # a cleared task of the ended run changes nothing
+    with pytest.raises(ChangeoverError, match="upgrade run-a: it has ended as FAILED"):
+        verify.preflight(settings, LocalCluster(settings), "4.3.0", [], upgrade_key="run-a")
+    verify.preflight(settings, LocalCluster(settings), "4.3.0", ["m2"], upgrade_key="run-b")
+    assert [u["status"] for u in upgrades.list_upgrades(settings)] == ["FAILED", "RUNNING"]
+
+
+def test_outside_the_drain_window_no_drain_starts(settings: Settings) -> None:
+    _cluster_rows(settings)
+    verify.preflight(settings, LocalCluster(settings), "4.3.0", ["m1"], upgrade_key="window-run")
+    saturday = utcnow().replace(year=2026, month=11, day=21, hour=10, minute=0)
+    status = roll.step(settings, LocalCluster(settings), "window-run", window=DrainWindow.parse("SUN 02:00-04:00"),
+                       drain_needs_seconds=600, now=saturday)
+    assert status.done and status.phases == {"m1": "SKIPPED"}
+    assert status.reasons["m1"].startswith("outside the drain window SUN 02:00-04:00 UTC")
+    with session_scope(settings.database_url) as s:
+        assert s.get(Member, "m1").status == "ACTIVE"
+    assert not [e for e in audit.find(settings.database_url, member="m1") if e.action.startswith("drain.")]
+
+
+def test_events_filter_by_job_member_upgrade_and_time(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHANGEOVER_UPGRADE", "up-1")
+    with session_scope(settings.database_url) as s:
+        audit.record(s, "drain.begin", "member", "m1")
+        audit.record(s, "job.request_stop", "job", "clicks", member="m1")
+    monkeypatch.delenv("CHANGEOVER_UPGRADE")
+    with session_scope(settings.database_url) as s:
+        audit.record(s, "job.launch", "job", "other")
+    url = settings.database_url
+    assert [e.action for e in audit.find(url, member="m1")] == ["drain.begin", "job.request_stop"]
+    assert [e.action for e in audit.find(url, job="clicks")] == ["job.request_stop"]
+    assert [e.action for e in audit.find(url, upgrade="up-1")] == ["drain.begin", "job.request_stop"]
+    assert audit.find(url, since=utcnow() + timedelta(minutes=1)) == []
+    assert [e.action for e in audit.find(url, until=utcnow())][-1] == "job.launch"
