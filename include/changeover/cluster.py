@@ -39,18 +39,27 @@ class Membership(Protocol):
     def is_decommissioned(self, member: str) -> bool: ...
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.5) -> None:
+RETRYABLE: tuple[type[Exception], ...] = (ChangeoverError, httpx.HTTPError, KeyError, ValueError)
+
+
+def wait_for(
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.5,
+    retryable: tuple[type[Exception], ...] = RETRYABLE,
+    fix: str = "look at the logs under the cluster folder",
+) -> None:
+    """Poll until the condition holds; errors of the retryable kinds count as "not yet"."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             if condition():
                 return
-        except (ChangeoverError, httpx.HTTPError, KeyError, ValueError):
+        except retryable:
             pass
         time.sleep(interval)
-    raise ChangeoverError(
-        what, f"it did not happen within {timeout:.0f} s", "look at the logs under the cluster folder"
-    )
+    raise ChangeoverError(what, f"it did not happen within {timeout:.0f} s", fix)
 
 
 class LocalCluster:

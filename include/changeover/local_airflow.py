@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from changeover import processes
+from changeover.cluster import wait_for
 from changeover.errors import ChangeoverError
 from changeover.ports import free_port
 from changeover.settings import CHECKOUT, Settings
@@ -203,12 +204,6 @@ class Standalone:
 
     @staticmethod
     def wait(condition: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if condition():
-                    return
-            except (httpx.HTTPError, KeyError, ValueError, FileNotFoundError):
-                pass
-            time.sleep(1)
-        raise ChangeoverError(what, f"it did not happen within {timeout:.0f} s", "look at the Airflow logs")
+        """Like `wait_for`, but a ChangeoverError (Airflow exited while starting) ends the wait at once."""
+        wait_for(condition, timeout, what, interval=1,
+                 retryable=(httpx.HTTPError, KeyError, ValueError, FileNotFoundError), fix="look at the Airflow logs")

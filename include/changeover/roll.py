@@ -72,8 +72,7 @@ def step(
             row = s.get(Member, member)
             at_target = row is not None and row.version == target and row.status == "ACTIVE"
         if at_target:  # upgraded by an attempt that died before it recorded so
-            _set_phase(settings, upgrade_key, member, UPGRADED)
-            maintenance.unmark(settings, member, f"upgraded to {target} by {upgrade_key}")
+            _upgraded(settings, upgrade_key, member, target)
             continue
         if window is not None:
             moment = now or utcnow()
@@ -87,8 +86,7 @@ def step(
         if not plan.done:
             return _status(settings, upgrade_key, member, plan)
         upgrade.upgrade_member(settings, cluster, member, target)
-        _set_phase(settings, upgrade_key, member, UPGRADED)
-        maintenance.unmark(settings, member, f"upgraded to {target} by {upgrade_key}")
+        _upgraded(settings, upgrade_key, member, target)
     return _status(settings, upgrade_key, None, None)
 
 
@@ -120,6 +118,11 @@ def _upgrade(s: Any, key: str) -> UpgradeRun:
 def _phase(settings: Settings, key: str, member: str) -> str:
     with session_scope(settings.database_url) as s:
         return str((_upgrade(s, key).progress or {}).get("phases", {}).get(member, PENDING))
+
+
+def _upgraded(settings: Settings, key: str, member: str, target: str) -> None:
+    _set_phase(settings, key, member, UPGRADED)
+    maintenance.unmark(settings, member, f"upgraded to {target} by {key}")
 
 
 def _set_phase(settings: Settings, key: str, member: str, phase: str, reason: str | None = None) -> None:
