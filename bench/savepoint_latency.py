@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 from changeover import jobs, savepoints
 from changeover.cluster import LocalCluster
 from changeover.generator import Generator
-from changeover.registry.schema import migrate
-from changeover.settings import CHECKOUT, Settings
+from scratch import scratch_settings
 
 
 def commit_times(stage: Path, since: float, until: float) -> list[float]:
@@ -36,11 +34,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--every", type=float, default=5)
     args = parser.parse_args()
-    base = CHECKOUT / ".changeover" / "bench"
-    base.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="latency-", dir=base))
-    settings = Settings.from_env(home=work / "home", database_url=f"sqlite:///{work / 'registry.db'}")
-    migrate(settings.database_url)
+    settings, _work = scratch_settings("latency")
     cluster = LocalCluster(settings)
     generator = Generator(settings.data_dir / "landing")
     try:
@@ -48,7 +42,7 @@ def main() -> None:
         generator.write_file()
         generator.start(interval=0.5)
         run = jobs.submit(settings, cluster, "jobs.clicks", "clicks",
-                          options={"landing": str(generator.landing), "trigger_seconds": 1})
+                          options={"landing": str(generator.landing), "trigger": "1 second"})
         jobs.wait_until_committed(settings, cluster, "clicks")
         stage = Path(run.checkpoint_root or "") / "totals"
         time.sleep(10)  # let the first, cold batches pass before measuring

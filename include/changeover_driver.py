@@ -1,12 +1,12 @@
 """Entry script of every Spark driver Changeover launches.
 
-It lives at the top of include/ because spark-submit puts the script's folder on sys.path,
-and that folder must not shadow top-level packages such as `jobs`.
+Shipped beside Changeover's zipped package (see `changeover.shipping`): the driver finds the package and the
+job's code through --py-files, never through the checkout.
 """
 
 import sys
 
-from changeover.driver import main
+from changeover.runtime.driver import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -41,6 +41,15 @@ def pg_database() -> Iterator[callable]:
         admin.dispose()
 
 
+def registry_settings(kind: str, home: Path, pg_database: callable, prefix: str) -> Settings:
+    """A migrated registry of the kind (skipped for PostgreSQL unless CI's variable is set), for a module's cluster."""
+    if kind == "postgresql" and not PG_ADMIN_URL:
+        pytest.skip("set CHANGEOVER_TEST_DATABASE_URL to run this against PostgreSQL (CI does)")
+    url = f"sqlite:///{home / 'registry.db'}" if kind == "sqlite" else pg_database(prefix)
+    migrate(url)
+    return Settings.from_env(home=home / "home", database_url=url)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path, pg_database: callable) -> str:
     if request.param == "sqlite":

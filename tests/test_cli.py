@@ -28,7 +28,10 @@ def run(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         (["savepoint", "clicks", "a/b", "--cancel"], "savepoint name 'a/b'"),
         (["savepoint", "ghost", "sp1", "--cancel"], "job 'ghost': no such job"),
         (["submit", "jobs.clicks", "--name", "x/y"], "job name 'x/y'"),
-        (["submit", "jobs.nope", "--name", "x"], "job module 'jobs.nope'"),
+        (["submit", "jobs.nope", "--name", "x"], "job code 'jobs.nope': it is neither a file nor an importable"),
+        (["submit", "/no/such/job.py", "--name", "x"], "job code '/no/such/job.py': no such Python file"),
+        (["submit", "jobs.clicks", "--name", "x", "--executor-memory", "lots"], "executor_memory 'lots'"),
+        (["submit", "jobs.clicks", "--name", "x", "--conf", "spark.master=local"], "Spark conf spark.master"),
     ],
 )
 def test_bad_input_is_refused_in_one_line(settings: Settings, args: list[str], message: str) -> None:

@@ -15,9 +15,15 @@ from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Master, Member, utcnow
+from changeover.runtime.fence import Fenced, hold
 from changeover.settings import Settings
-from changeover.sink import Fenced, write_batch
 from changeover.windows import DrainWindow
+
+
+def write_batch(settings: Settings, run_id: int, batch: int = 5) -> None:
+    """What every fenced sink does around its write: hold the fence, then write inside its transaction."""
+    with hold(settings.database_url, "clicks", run_id, "totals", batch):
+        pass
 
 
 def _job_with_parked_run(settings: Settings, lease_left: float) -> int:
@@ -61,7 +67,7 @@ def test_a_parked_run_exits_once_its_successor_has_written(settings: Settings) -
     old = _job_with_parked_run(settings, lease_left=3600)
     new = _successor(settings)
     assert lease.decide(settings.database_url, "clicks", old) == "wait"
-    assert write_batch(settings.database_url, "clicks", "totals", 5, [("a", 1)], run_id=new)
+    write_batch(settings, new)
     assert lease.decide(settings.database_url, "clicks", old) == "exit"
     with session_scope(settings.database_url) as s:
         assert s.get(JobRun, old).ended_at is not None
@@ -73,9 +79,12 @@ def test_an_expired_lease_fences_a_successor_that_has_not_written(settings: Sett
     with session_scope(settings.database_url) as s:
         s.get(JobRun, old).lease_until = utcnow() - timedelta(seconds=1)
     assert lease.decide(settings.database_url, "clicks", old) == "resume"
-    with pytest.raises(Fenced, match=f"write of job clicks by run {new}: run {old} is the job's current run"):
-        write_batch(settings.database_url, "clicks", "totals", 5, [("a", 1)], run_id=new)
-    assert write_batch(settings.database_url, "clicks", "totals", 5, [("a", 1)], run_id=old)
+    with pytest.raises(Fenced, match=f"write of batch 5 of stage totals of job clicks by run {new}: "
+                                     f"run {old} is the job's current run"):
+        write_batch(settings, new)
+    refused = [e for e in audit.find(settings.database_url, job="clicks") if e.action == "sink.fenced"]
+    assert [(e.outcome, e.details["run"], e.details["batch"]) for e in refused] == [("refused", new, 5)]
+    write_batch(settings, old)
 
 
 def test_a_users_stop_is_never_undone_by_the_lease(settings: Settings) -> None:
@@ -103,7 +112,7 @@ def test_the_fence_waits_for_a_lease_decision_in_flight(settings: Settings) -> N
 
     def write() -> None:
         try:
-            write_batch(settings.database_url, "clicks", "totals", 5, [("a", 1)], run_id=new)
+            write_batch(settings, new)
             written.set()
         except Fenced:
             fenced.set()

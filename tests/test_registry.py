@@ -3,7 +3,6 @@ from changeover.registry.db import engine_for, session_scope
 from changeover.registry.models import Event
 from changeover.registry.schema import migrate
 from changeover.settings import Settings
-from changeover.sink import results, write_batch
 from sqlalchemy import inspect, select
 
 
@@ -22,12 +21,3 @@ def test_events_record_who_what_when_and_outcome(settings: Settings, monkeypatch
         event = s.scalars(select(Event)).one()
     assert (event.actor, event.action, event.subject, event.outcome) == ("tester", "member.add", "m1", "ok")
     assert event.details == {"version": "4.2.0"} and event.at is not None
-
-
-def test_sink_skips_a_batch_written_before_and_upserts_by_key(settings: Settings) -> None:
-    url = settings.database_url
-    assert write_batch(url, "j", "totals", 0, [("a", 1), ("b", 2)])
-    assert not write_batch(url, "j", "totals", 0, [("a", 100)])  # the re-run of batch 0 changes nothing
-    assert write_batch(url, "j", "totals", 1, [("a", 3)])
-    assert results(url, "j", "totals") == {"a": 3, "b": 2}
-    assert results(url, "j", "other") == {}

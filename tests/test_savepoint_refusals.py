@@ -34,7 +34,7 @@ def _fake_committed_checkpoint(root: Path, batches: int = 2) -> None:
         (stage / "commits" / str(b)).write_text("v1\n{}\n")
         (stage / "state" / "0" / "0").mkdir(parents=True, exist_ok=True)
         (stage / "state" / "0" / "0" / f"{b + 1}.delta").write_bytes(bytes([b]) * 100)
-    (stage / "offsets" / str(batches)).write_text("v1\n{}\n")  # in flight: must not be copied
+    (stage / "offsets" / str(batches)).write_text("v1\n{}\n")  # in flight: kept, its commit not yet written
     (stage / "metadata").write_text('{"id":"q"}')
 
 
@@ -86,12 +86,14 @@ def test_copy_is_pruned_to_the_committed_batch_and_hard_linked(settings: Setting
     _job_with_checkpoint(settings, tmp_path / "cp")
     sp = savepoints.take(settings, "clicks", "sp1", mode="continue")
     stage = Path(sp.path) / "stages" / "totals"
-    assert sorted(p.name for p in (stage / "offsets").iterdir()) == ["0", "1", "2"]  # not the in-flight 3
+    # The in-flight batch 3's offsets are kept: a restore replays it with the same offsets. Its commit is not.
+    assert sorted(p.name for p in (stage / "offsets").iterdir()) == ["0", "1", "2", "3"]
+    assert sorted(p.name for p in (stage / "commits").iterdir()) == ["0", "1", "2"]
     assert sorted(p.name for p in (stage / "state" / "0" / "0").iterdir()) == ["1.delta", "2.delta", "3.delta"]
     original = tmp_path / "cp" / "totals" / "state" / "0" / "0" / "3.delta"
     assert (stage / "state" / "0" / "0" / "3.delta").stat().st_ino == original.stat().st_ino
     manifest = savepoints.verify(Path(sp.path))
-    assert manifest["stages"]["totals"]["batch"] == 2
+    assert (manifest["stages"]["totals"]["batch"], manifest["stages"]["totals"]["replay_through"]) == (2, 3)
     assert manifest["stages"]["totals"]["source_offsets"] == [{"logOffset": 2}]
     assert "stages/totals/commits/2" in manifest["files"]
 

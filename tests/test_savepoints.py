@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from changeover import jobs, savepoints, sink
+from changeover import jobs, savepoints
 from changeover.cluster import LocalCluster, wait_for
 from changeover.errors import ChangeoverError
 from changeover.generator import Generator
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, Savepoint, SinkLedger
-from changeover.registry.schema import migrate
 from changeover.runtimes import find_runtime, java_home
 from changeover.settings import Settings
-from conftest import PG_ADMIN_URL
+from conftest import registry_settings
+from jobs import clicks
 from sqlalchemy import func, select
 
 pytestmark = pytest.mark.slow
@@ -54,13 +54,13 @@ class Live:
         wait_for(lambda: self.batch(job) >= target, 180, f"{job} committing {more} more batches")
         return self.batch(job)
 
-    def settle(self, job: str, stage: str = "totals") -> dict[str, int]:
-        """Pause the input, wait until the job's results equal the ground truth, resume the input."""
+    def settle(self, job: str) -> dict[str, int]:
+        """Pause the input, wait until the job's totals equal the ground truth, resume the input."""
         self.generator.pause()
         try:
             truth = dict(self.generator.truth)
-            wait_for(lambda: sink.results(self.settings.database_url, job, stage) == truth, 240,
-                     f"{job}/{stage} catching up with the ground truth")
+            wait_for(lambda: clicks.results(self.settings.database_url, job)[0] == truth, 240,
+                     f"{job}'s totals catching up with the ground truth")
             return truth
         finally:
             self.generator.resume()
@@ -69,6 +69,12 @@ class Live:
         with session_scope(self.settings.database_url) as s:
             return s.scalar(select(func.min(SinkLedger.batch_id)).where(SinkLedger.job == job,
                                                                         SinkLedger.stage == stage))
+
+    def first_batches(self, job: str, stages: list[str]) -> dict[str, int]:
+        """The first batch each stage's sink wrote, once every stage has written one (they run apart)."""
+        wait_for(lambda: all(self.first_sink_batch(job, st) is not None for st in stages), 180,
+                 f"every stage of {job} writing a batch")
+        return {st: self.first_sink_batch(job, st) for st in stages}  # type: ignore[misc]
 
     def stop(self, job: str) -> None:
         jobs.cancel(self.settings, self.cluster, job, reason="test finished with it")
@@ -95,14 +101,17 @@ def state_at_batch(settings: Settings, stage_checkpoint: Path, batch: int) -> di
     return json.loads(lines[0].removeprefix("STATE "))
 
 
-def counts_of_processed_files(stage_checkpoint: Path) -> dict[str, int]:
-    """Per-key event counts of the input files the checkpoint's file-source log says were processed."""
+def counts_of_processed_files(stage_checkpoint: Path, batch: int) -> dict[str, int]:
+    """Per-key event counts of the input files the checkpoint's file-source log says batches up to `batch` read
+    (the savepoint also keeps the entry of the batch planned next, which is replayed, not yet processed)."""
     paths = set()
     for log in (stage_checkpoint / "sources" / "0").iterdir():
         if log.name.startswith("."):
             continue
         for line in log.read_text().splitlines()[1:]:
-            paths.add(json.loads(line)["path"].removeprefix("file://"))
+            entry = json.loads(line)
+            if entry["batchId"] <= batch:
+                paths.add(entry["path"].removeprefix("file://"))
     counts: Counter[str] = Counter()
     for path in paths:
         counts.update(json.loads(line)["key"] for line in Path(path).read_text().splitlines())
@@ -111,12 +120,8 @@ def counts_of_processed_files(stage_checkpoint: Path) -> dict[str, int]:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, pg_database) -> Iterator[Live]:
-    if request.param == "postgresql" and not PG_ADMIN_URL:
-        pytest.skip("set CHANGEOVER_TEST_DATABASE_URL to run this against PostgreSQL (CI does)")
     home = tmp_path_factory.mktemp(f"savepoints-{request.param}")
-    url = f"sqlite:///{home / 'registry.db'}" if request.param == "sqlite" else pg_database("changeover_sp")
-    settings = Settings.from_env(home=home / "home", database_url=url)
-    migrate(url)
+    settings = registry_settings(request.param, home, pg_database, "changeover_sp")
     cluster = LocalCluster(settings)
     generator = Generator(settings.data_dir / "landing")
     try:
@@ -147,14 +152,14 @@ def test_continue_savepoint_resumes_at_its_batch_and_costs_the_running_job_nothi
     # The savepoint's state at its batch is the original's result at that batch: every event of the
     # files processed up to that batch, per key.
     stage = Path(sp.path) / "stages" / "totals"
-    assert state_at_batch(live.settings, stage, sp.stages["totals"]) == counts_of_processed_files(stage)
+    assert state_at_batch(live.settings, stage, sp.stages["totals"]) == counts_of_processed_files(
+        stage, sp.stages["totals"])
     live.wait_batches("clicks", 1)
 
     live.launch("replay", savepoint="clicks/c1")
     jobs.wait_until_committed(live.settings, live.cluster, "replay")
     # The copy stands exactly at the savepoint's batches: the replay writes the next ones first.
-    for stage, batch in sp.stages.items():
-        assert live.first_sink_batch("replay", stage) == batch + 1
+    assert live.first_batches("replay", list(sp.stages)) == {st: batch + 1 for st, batch in sp.stages.items()}
     live.settle("replay")  # savepoint state + the replayed input = every key's exact total
     live.settle("clicks")  # and the original lost nothing because of the savepoint
     live.stop("replay")
@@ -215,25 +220,37 @@ def test_resuming_an_older_savepoint_rewinds_the_sink_and_ends_exact(live: Live)
     live.wait_batches("clicks", 1)
     savepoints.request_stop(live.settings, "clicks", reason="test")
     wait_for(lambda: jobs.refresh(live.settings, live.cluster, "clicks").state == "STOPPED", 120, "clicks stopping")
-    with pytest.raises(ChangeoverError, match=r"the sink is ahead of the savepoint \(totals wrote up to batch"):
+    with pytest.raises(ChangeoverError, match=r"the keyed_table sink of stage \w+ is ahead of the savepoint: it wrote"):
         jobs.resume(live.settings, live.cluster, "clicks", "older-1")
     run = jobs.resume(live.settings, live.cluster, "clicks", "older-1", rewind_sink=True)
     assert run.from_savepoint == "older-1"
     jobs.wait_until_committed(live.settings, live.cluster, "clicks")
-    assert live.first_sink_batch("clicks", "totals") <= s1.stages["totals"] + 1
     live.settle("clicks")
+    with session_scope(live.settings.database_url) as s:  # every batch after the savepoint was written again
+        writers = set(s.scalars(select(SinkLedger.run_id).where(
+            SinkLedger.job == "clicks", SinkLedger.stage == "totals", SinkLedger.batch_id > s1.stages["totals"])))
+    assert writers == {run.id}
+
+
+def sqlite_only(live: Live) -> None:
+    """The stage rules act on checkpoint folders in the driver; the registry's kind does not enter them, and
+    continue savepoints, kill -9 and rewinds above cover PostgreSQL. One kind keeps CI inside its hour."""
+    if not live.settings.database_url.startswith("sqlite"):
+        pytest.skip("stage rules do not depend on the registry's kind: covered on SQLite")
 
 
 def test_stage_rule_matching_name_is_restored(live: Live) -> None:
+    sqlite_only(live)
     sp = savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
     live.launch("same-stages", savepoint="clicks/rules")
     jobs.wait_until_committed(live.settings, live.cluster, "same-stages")
-    assert live.first_sink_batch("same-stages", "totals") == sp.stages["totals"] + 1
+    assert live.first_batches("same-stages", ["totals"]) == {"totals": sp.stages["totals"] + 1}
     live.settle("same-stages")
     live.stop("same-stages")
 
 
 def test_stage_rule_state_of_a_removed_stage_is_refused_unless_allowed(live: Live) -> None:
+    sqlite_only(live)
     savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
     run = live.launch("totals-only", savepoint="clicks/rules", stages=["totals"])
     wait_for(lambda: jobs.refresh(live.settings, live.cluster, "totals-only").state == "FAILED", 180,
@@ -248,6 +265,7 @@ def test_stage_rule_state_of_a_removed_stage_is_refused_unless_allowed(live: Liv
 
 
 def test_stage_rule_a_new_stage_starts_empty(live: Live) -> None:
+    sqlite_only(live)
     live.launch("small", stages=["totals"])
     jobs.wait_until_committed(live.settings, live.cluster, "small")
     sp = savepoints.take(live.settings, "small", "small-1", mode="continue")
@@ -255,17 +273,18 @@ def test_stage_rule_a_new_stage_starts_empty(live: Live) -> None:
     live.stop("small")
     live.launch("grown", savepoint="small/small-1")
     jobs.wait_until_committed(live.settings, live.cluster, "grown")
-    assert live.first_sink_batch("grown", "totals") == sp.stages["totals"] + 1
-    assert live.first_sink_batch("grown", "windows") == 0  # no state in the savepoint: a fresh start
+    # no state of windows in the savepoint: a fresh start at batch 0
+    assert live.first_batches("grown", ["totals", "windows"]) == {"totals": sp.stages["totals"] + 1, "windows": 0}
     live.settle("grown")
     live.stop("grown")
 
 
 def test_stage_rule_rename_moves_a_stages_state(live: Live) -> None:
+    sqlite_only(live)
     sp = savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
     live.launch("renamed", savepoint="clicks/rules", stage_names={"totals": "running_totals"},
                 rename_stages={"totals": "running_totals"})
     jobs.wait_until_committed(live.settings, live.cluster, "renamed")
-    assert live.first_sink_batch("renamed", "running_totals") == sp.stages["totals"] + 1
-    live.settle("renamed", stage="running_totals")
+    assert live.first_batches("renamed", ["running_totals"]) == {"running_totals": sp.stages["totals"] + 1}
+    live.settle("renamed")
     live.stop("renamed")

@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from changeover.jobs import DRIVER, INCLUDE
+from changeover import shipping
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun
 from changeover.runtimes import find_runtime, java_home
@@ -25,11 +25,12 @@ def test_mismatched_spark_version_is_refused_before_any_batch(settings: Settings
         s.flush()
         s.get(Job, "clicks").current_run_id = run_id = run.id
     checkpoints = tmp_path / "checkpoints"
-    env = {**os.environ, **settings.as_env(), "PYTHONPATH": str(INCLUDE), "PYSPARK_PYTHON": str(runtime.python),
-           "JAVA_HOME": str(java_home()), "SPARK_HOME": str(runtime.spark_home)}
+    package, entry = shipping.runtime_artifacts(settings)  # as a launch ships it: no checkout on the path
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **settings.as_env(),
+           "PYSPARK_PYTHON": str(runtime.python), "JAVA_HOME": str(java_home()), "SPARK_HOME": str(runtime.spark_home)}
     result = subprocess.run(
         [str(runtime.spark_home / "bin" / "spark-submit"), "--master", "local[1]", "--conf", "spark.ui.enabled=false",
-         str(DRIVER), "--job", "clicks", "--run-id", str(run_id), "--module", "jobs.clicks",
+         "--py-files", str(package), str(entry), "--job", "clicks", "--run-id", str(run_id), "--module", "clicks",
          "--expected-version", "4.3.0", "--checkpoint-root", str(checkpoints)],
         env=env, capture_output=True, text=True, timeout=300,
     )

@@ -4,6 +4,15 @@ Files of committed batches never change, so the copy hard-links them where the s
 same filesystem and copies bytes only across filesystems. The source may be a running query: files
 that vanish mid-walk are tolerated, and everything newer than batch N is pruned (offsets, commits
 and source logs > N, state versions > N + 1, later metadata and schema files, temporary files).
+
+State store layouts (Spark 4.x), under state/<operator>/<partition>/:
+  <version>.delta|.snapshot                       HDFS-backed provider (default store)
+  <store>/<version>.delta|.snapshot               stream-stream join (join state format 1 and 2): four named
+                                                  stores, left|right-keyToNumValues|keyWithIndexToValue
+  <version>[_<uuid>].zip|.changelog               RocksDB provider; _<uuid> with checkpointFormatVersion 2
+  SSTs/<rocksdb file no>-<uuid>.sst, logs/...     RocksDB files shared by versions: the number is not a version
+  _metadata/schema                                key and value schemas (also under a named store)
+and under state/<operator>/: _metadata/metadata, _metadata/v2/<batch> and _stateSchema/<store>/<batch>_<uuid>.
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ from pathlib import Path
 
 _LEADING_NUMBER = re.compile(r"^\.?(\d+)")
 _CROSS_DEVICE = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP}
+# Folders of a RocksDB store whose files are shared between versions, named <RocksDB file number>-<uuid>.
+_ROCKSDB_SHARED = {"SSTs", "logs"}
 
 
 @dataclass
@@ -38,13 +49,20 @@ def keep(relative: str, batch: int) -> bool:
     name = parts[-1]
     if name.endswith(".tmp") or ".tmp." in name:
         return False
+    if name.startswith(".") and name.endswith(".crc"):
+        # Hadoop's local filesystem writes .<file>.crc beside every file it writes, and verifies it on read. It
+        # goes with its file: a kept file keeps its checksum, a pruned one's must not outlive it. (Spark's own
+        # <file>.crc, state files of checkpoint format 2, starts with its file's name and follows the same rules.)
+        return keep(os.sep.join([*parts[:-1], name[1:-4]]), batch)
     number = _batch_of(name)
     if parts[0] in ("offsets", "commits") or (parts[0] == "sources" and len(parts) == 3):
         return number is None or number <= batch
     if parts[0] == "state":
-        if "_metadata" in parts or "_stateSchema" in parts:
+        if "_metadata" in parts or "_stateSchema" in parts:  # named by the batch that wrote them, if at all
             return number is None or number <= batch
-        if len(parts) == 4:  # state/<operator>/<partition>/<version>.delta|.snapshot|.zip|.changelog
+        if len(parts) in (5, 6) and parts[-2] in _ROCKSDB_SHARED:
+            return True  # a kept version's .zip may reference any of them; unreferenced ones are never read
+        if len(parts) in (4, 5):  # state/<op>/<partition>[/<store>]/<version>[_<uuid>].<kind>[.crc]
             return number is None or number <= batch + 1
     return True
 
@@ -101,6 +119,22 @@ def snapshot_stage(source: Path, target: Path, batch: int, *, link: bool = True,
     return stats
 
 
+def snapshot_pending(source: Path, target: Path, batch: int, prefix: str = "") -> CopyStats:
+    """The batch Spark planned after `batch`, if it wrote its offsets: the offset entry and the source log
+    entries. Restored, Spark replays that batch with exactly those offsets, so a sink that already has it
+    recognises it; without them a new plan would give the same batch id other data."""
+    stats = CopyStats()
+    planned = [os.path.join("offsets", str(batch + 1))]
+    if (source / "sources").is_dir():
+        planned += [os.path.join("sources", d.name, str(batch + 1)) for d in (source / "sources").iterdir()]
+    for relative in planned:
+        folder, name = os.path.split(relative)
+        for each in (relative, os.path.join(folder, f".{name}.crc")):
+            if (source / each).exists() and materialise(source / each, target / each) is not None:
+                stats.files[prefix + each] = os.stat(target / each)
+    return stats
+
+
 def same_filesystem(a: Path, b: Path) -> bool:
     a.mkdir(parents=True, exist_ok=True)
     b.mkdir(parents=True, exist_ok=True)
@@ -112,9 +146,13 @@ def stage_names(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
 
 
+def _newest_batch(log: Path) -> int | None:
+    batches = [int(p.name) for p in log.glob("[0-9]*") if p.name.isdigit()]
+    return max(batches) if batches else None
+
+
 def last_commit(checkpoint: Path) -> int | None:
-    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*") if p.name.isdigit()]
-    return max(commits) if commits else None
+    return _newest_batch(checkpoint / "commits")
 
 
 def stateful_operators(stage_checkpoint: Path) -> list[dict[str, object]]:
@@ -150,6 +188,10 @@ def _json_structs(text: str) -> list[dict[str, object]]:
         found.append(value)
         index = end
     return found
+
+
+def last_offsets(checkpoint: Path) -> int | None:
+    return _newest_batch(checkpoint / "offsets")
 
 
 def source_offsets(stage_checkpoint: Path, batch: int) -> list[object]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from changeover.names import check_name
 from changeover.registry.schema import migrate
 from changeover.runtimes import SUPPORTED_VERSIONS, install_runtime, installed_versions
 from changeover.settings import Settings
+from changeover.spark_settings import SparkSettings
 from changeover.timeutil import as_utc
 
 app = typer.Typer(help="Upgrade running PySpark jobs without losing their state.", no_args_is_help=True)
@@ -118,7 +120,8 @@ def _pairs(items: list[str] | None, what: str) -> dict[str, str]:
 
 @app.command("submit")
 def submit(
-    module: Annotated[str, typer.Argument(help="Job module under include/, e.g. jobs.clicks.")],
+    code: Annotated[str, typer.Argument(help="The job's .py file or package folder, anywhere (or a module "
+                                             "such as jobs.clicks). Frozen and shipped with every launch.")],
     name: Annotated[str, typer.Option("--name", help="Job name.")],
     from_savepoint: Annotated[str | None, typer.Option(
         "--from-savepoint", help="NAME, or JOB/NAME for another job's savepoint.")] = None,
@@ -127,19 +130,35 @@ def submit(
     allow_non_restored_state: Annotated[bool, typer.Option(
         "--allow-non-restored-state", help="Drop state of stages the job no longer has.")] = False,
     rewind_sink: Annotated[bool, typer.Option(
-        "--rewind-sink", help="Resuming an older savepoint: forget the sink's later batches.")] = False,
+        "--rewind-sink", help="Resuming an older savepoint: make the sinks as they were at its batch.")] = False,
+    accept_duplicates: Annotated[bool, typer.Option(
+        "--accept-duplicates", help="Resuming an older savepoint: let at-least-once sinks get batches twice.")] = False,
     fault_tolerant: Annotated[bool, typer.Option("--fault-tolerant/--no-fault-tolerant")] = True,
     block_shutdown: Annotated[bool, typer.Option("--block-shutdown")] = False,
     shutdown_timeout: Annotated[int, typer.Option(help="Seconds a drain waits before cancelling.")] = 30,
     option: Annotated[list[str] | None, typer.Option("--option", help="Job option KEY=VALUE.")] = None,
+    executor_cores: Annotated[int, typer.Option(help="Cores per executor.")] = 1,
+    executor_memory: Annotated[str, typer.Option(help="Memory per executor, e.g. 2g.")] = "1g",
+    driver_memory: Annotated[str, typer.Option(help="The driver's memory, e.g. 2g.")] = "1g",
+    cores_max: Annotated[int | None, typer.Option(help="Cores of the whole job (default: one executor's).")] = None,
+    shuffle_partitions: Annotated[int, typer.Option(help="spark.sql.shuffle.partitions.")] = 4,
+    conf: Annotated[list[str] | None, typer.Option("--conf", help="Spark conf KEY=VALUE.")] = None,
+    py_files: Annotated[list[str] | None, typer.Option("--py-files", help="More Python files or zips.")] = None,
+    jars: Annotated[list[str] | None, typer.Option("--jars", help="Jars for driver and executors.")] = None,
+    packages: Annotated[list[str] | None, typer.Option("--packages", help="Maven coordinates.")] = None,
 ) -> None:
     """Submit a job to the largest version group, optionally from a savepoint."""
     settings = _settings()
-    run = jobs.submit(settings, LocalCluster(settings), module, name, fault_tolerant=fault_tolerant,
+    spark = SparkSettings(executor_cores, executor_memory, driver_memory, cores_max, shuffle_partitions,
+                          _pairs(conf, "--conf"), tuple(py_files or ()), tuple(jars or ()), tuple(packages or ()))
+    spark.check()
+    options: dict[str, Any] = {**_pairs(option, "--option"), "spark": asdict(spark)}
+    run = jobs.submit(settings, LocalCluster(settings), code, name, fault_tolerant=fault_tolerant,
                       block_shutdown=block_shutdown, shutdown_timeout=shutdown_timeout,
-                      options=_pairs(option, "--option"), from_savepoint=from_savepoint,
+                      options=options, from_savepoint=from_savepoint,
                       rename_stages=_pairs(rename_stage, "--rename-stage"),
-                      allow_non_restored_state=allow_non_restored_state, rewind_sink=rewind_sink)
+                      allow_non_restored_state=allow_non_restored_state, rewind_sink=rewind_sink,
+                      accept_duplicates=accept_duplicates)
     out.print(f"job {name}: run {run.id} submitted to Spark {run.spark_version} as {run.submission_id}")
 
 

@@ -6,10 +6,11 @@ import shutil
 import time
 from typing import Any
 
+from jobs import clicks
 from rich.console import Console
 from sqlalchemy import select
 
-from changeover import jobs, local_airflow, sink
+from changeover import jobs, local_airflow
 from changeover.cluster import LocalCluster, wait_for
 from changeover.generator import Generator
 from changeover.registry.db import forget_engines, session_scope
@@ -49,7 +50,7 @@ def run_demo(keep_airflow: bool = False) -> int:
         generator.start(interval=0.5)
         console.rule("3. jobs: a stateful stream, a block_shutdown batch job, an ad-hoc job")
         jobs.submit(settings, cluster, "jobs.clicks", "clicks",
-                    options={"landing": str(generator.landing), "trigger_seconds": 1})
+                    options={"landing": str(generator.landing), "trigger": "1 second"})
         jobs.wait_until_committed(settings, cluster, "clicks")
         jobs.submit(settings, cluster, "jobs.nightly_report", "nightly_report", fault_tolerant=False,
                     block_shutdown=True, options={"duration_seconds": 90})
@@ -69,7 +70,7 @@ def run_demo(keep_airflow: bool = False) -> int:
             return 1
         console.rule("5. catch up and verify")
         generator.stop()
-        wait_for(lambda: sink.results(settings.database_url, "clicks", "totals") == dict(generator.truth), 300,
+        wait_for(lambda: clicks.results(settings.database_url, "clicks")[0] == dict(generator.truth), 300,
                  "the clicks job catching up with every file the generator wrote")
         return _summary(settings, cluster, generator, time.monotonic() - started)
     finally:
@@ -130,8 +131,7 @@ def _summary(settings: Settings, cluster: LocalCluster, generator: Generator, wa
                           f"(last commit of run {before.id} to first commit of run {after.id})")
     console.print(f"clicks downtime: longest {max(downtimes, default=0):.1f} s, total {sum(downtimes):.1f} s")
     console.print(f"total wall time: {wall:.0f} s")
-    totals = sink.results(settings.database_url, "clicks", "totals")
-    windows = sink.results(settings.database_url, "clicks", "windows")
+    totals, windows = clicks.results(settings.database_url, "clicks")
     wrong_windows = {k: v for k, v in windows.items() if generator.window_truth.get(k) != v}
     truth = dict(generator.truth)
     missing = sorted(set(truth) - set(totals))

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-import importlib.util
+import secrets
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, lease, routing
+from changeover import audit, checkpoints, lease, routing
 from changeover.cluster import Membership, wait_for
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
 from changeover.runtimes import find_runtime
-from changeover.settings import CHECKOUT, Settings
+from changeover.settings import Settings
+from changeover.shipping import runtime_artifacts, store_job_code
+from changeover.spark_settings import SparkSettings
 
-INCLUDE = CHECKOUT / "include"
-DRIVER = INCLUDE / "changeover_driver.py"
 LIVE = ("SUBMITTED", "RUNNING")
 DRIVER_STATES = {"RUNNING": "RUNNING", "FINISHED": "FINISHED", "FAILED": "FAILED", "ERROR": "FAILED",
                  "KILLED": "KILLED"}
@@ -40,7 +40,7 @@ def current_run(s: Any, job: Job) -> JobRun | None:
 def submit(
     settings: Settings,
     membership: Membership,
-    module: str,
+    code: str,
     name: str,
     *,
     fault_tolerant: bool = True,
@@ -51,36 +51,71 @@ def submit(
     rename_stages: dict[str, str] | None = None,
     allow_non_restored_state: bool = False,
     rewind_sink: bool = False,
+    accept_duplicates: bool = False,
 ) -> JobRun:
     """Create the job and launch it on the largest version group. A live job of that name is returned as is.
 
+    code is the path of the job's .py file or package folder, anywhere, or an importable module (jobs.clicks);
+    it is frozen as an artifact at the job's creation. A job whose last run ended (stopped, failed or killed)
+    continues from that run's checkpoint, so its batch ids go on from where its sinks are.
     from_savepoint is NAME (a savepoint of this job) or JOB/NAME (of another job, e.g. a second copy).
     """
     check_name("job", name)
-    if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
-        raise ChangeoverError(f"job module {module!r}", "it cannot be imported from include/",
-                              "put the module under include/jobs/ and pass it as jobs.NAME")
     with session_scope(settings.database_url) as s:
         job = s.get(Job, name)
-        if job is not None:
-            run = current_run(s, job)
-            if run is not None and run.state in LIVE:
-                return run
-        else:
-            job = Job(name=name, module=module, fault_tolerant=fault_tolerant, block_shutdown=block_shutdown,
+        previous = current_run(s, job) if job is not None else None
+        if previous is not None and (previous.state in LIVE or previous.parked):
+            return previous
+        if job is None:
+            shipped = store_job_code(settings, name, code)
+            job = Job(name=name, module=shipped.module, code=str(shipped.artifact), entry=shipped.entry,
+                      fault_tolerant=fault_tolerant, block_shutdown=block_shutdown,
                       shutdown_timeout=shutdown_timeout, options=options or {})
             s.add(job)
-            audit.record(s, "job.create", "job", name, module=module, fault_tolerant=fault_tolerant,
-                         block_shutdown=block_shutdown, shutdown_timeout=shutdown_timeout)
+            audit.record(s, "job.create", "job", name, code=str(shipped.artifact), entry=shipped.entry,
+                         fault_tolerant=fault_tolerant, block_shutdown=block_shutdown,
+                         shutdown_timeout=shutdown_timeout)
+        if job.code and code != job.code and store_job_code(settings, name, code).artifact != Path(job.code):
+            raise ChangeoverError(f"submit of job {name} with {code}", "the job exists with other code, and a "
+                                  "submit never changes a job's code behind its savepoints",
+                                  "submit the new code under a new name, or resume this job from a savepoint")
+        continues = previous if previous is not None and job.entry == "build" else None
     version = routing.target_version(settings)
     if from_savepoint:
         from changeover.savepoints import restore  # local import: savepoints imports this module
 
         source_job, _, savepoint = from_savepoint.rpartition("/")
         root = restore(settings, name, savepoint, source_job=source_job or name, rename=rename_stages,
-                       rewind_sink=rewind_sink)
+                       rewind_sink=rewind_sink, accept_duplicates=accept_duplicates)
         return launch(settings, membership, name, version, root, from_savepoint, allow_non_restored_state)
-    return launch(settings, membership, name, version, new_checkpoint_root(settings, name))
+    root = new_checkpoint_root(settings, name)
+    if continues is not None and continues.checkpoint_root and Path(continues.checkpoint_root).is_dir():
+        _continue_from(settings, membership, continues, root)
+    return launch(settings, membership, name, version, root)
+
+
+def _continue_from(settings: Settings, membership: Membership, previous: JobRun, root: Path) -> None:
+    """Lay out the ended run's checkpoint as of its last commit, with the batch it had planned next, so the
+    resubmitted job replays that batch with the same offsets and goes on with the batch ids its sinks expect."""
+    if previous.submission_id is not None:
+        try:
+            status = membership.master(previous.spark_version).status(previous.submission_id)
+        except ChangeoverError:
+            status = None  # its group's master is gone, and its drivers with it
+        if status is not None and status.state in ("SUBMITTED", "RUNNING", "RELAUNCHING"):
+            raise ChangeoverError(f"resubmit of job {previous.job}", f"the driver of its run {previous.id} is still "
+                                  f"{status.state} according to its master, and two drivers must not share a "
+                                  "checkpoint", "wait until it has ended (`changeover jobs`), then submit again")
+    source = Path(previous.checkpoint_root or "")
+    files = 0
+    for stage in checkpoints.stage_names(source):
+        batch = checkpoints.last_commit(source / stage)
+        batch = -1 if batch is None else batch
+        files += len(checkpoints.snapshot_stage(source / stage, root / stage, batch).files)
+        files += len(checkpoints.snapshot_pending(source / stage, root / stage, batch).files)
+    with session_scope(settings.database_url) as s:
+        audit.record(s, "job.resubmit", "job", previous.job, run=previous.id, checkpoint=str(source),
+                     into=str(root), files=files)
 
 
 def resume(
@@ -92,13 +127,14 @@ def resume(
     rename_stages: dict[str, str] | None = None,
     allow_non_restored_state: bool = False,
     rewind_sink: bool = False,
+    accept_duplicates: bool = False,
 ) -> JobRun:
     """Resume an existing job from a savepoint; a live job is returned as it is."""
     with session_scope(settings.database_url) as s:
-        module = get_job(s, job_name).module
-    return submit(settings, membership, module, job_name, from_savepoint=from_savepoint,
+        code = get_job(s, job_name).code or ""
+    return submit(settings, membership, code, job_name, from_savepoint=from_savepoint,
                   rename_stages=rename_stages, allow_non_restored_state=allow_non_restored_state,
-                  rewind_sink=rewind_sink)
+                  rewind_sink=rewind_sink, accept_duplicates=accept_duplicates)
 
 
 def fault_tolerant_jobs(settings: Settings) -> list[str]:
@@ -107,9 +143,10 @@ def fault_tolerant_jobs(settings: Settings) -> list[str]:
 
 
 def new_checkpoint_root(settings: Settings, job: str) -> Path:
-    base = settings.checkpoint_dir / job
-    generation = len(list(base.glob("gen-*"))) if base.exists() else 0
-    return base / f"gen-{generation}"
+    """A folder no other run ever had: time-ordered, with a random part, created here so it cannot be reused."""
+    root = settings.checkpoint_dir / job / f"{utcnow():%Y%m%dT%H%M%S%f}-{secrets.token_hex(4)}"
+    root.mkdir(parents=True)
+    return root
 
 
 def launch(
@@ -154,34 +191,33 @@ def launch(
         s.add(run)
         s.flush()
         job.current_run_id, job.desired = run.id, "RUN"
-        module, run_id = job.module, run.id
-        trigger = float(job.options.get("trigger_seconds", 1.0))
+        module, entry, code, run_id = job.module, job.entry, job.code, run.id
+        spark_settings = SparkSettings.from_options(job.options.get("spark") or {})
+        stop_deadline = float(job.options.get("stop_deadline_seconds", 60))
         lease_seconds = float(job.options.get("lease_seconds") or lease.lease_seconds())
-    checkpoint_root.mkdir(parents=True, exist_ok=True)
-    env = {"PYSPARK_PYTHON": str(runtime.python), "PYTHONPATH": str(INCLUDE), "CHANGEOVER_ACTOR": f"driver:{job_name}",
-           **settings.as_env()}
+    if code is None or not Path(code).exists():
+        raise ChangeoverError(f"launch of job {job_name}", f"its code artifact {code} is missing",
+                              "submit the job again under a new name, or restore the artifact store")
+    package, entry_script = runtime_artifacts(settings)
+    env = {"PYSPARK_PYTHON": str(runtime.python), "CHANGEOVER_ACTOR": f"driver:{job_name}", **settings.as_env()}
     confs = {
         "spark.pyspark.python": str(runtime.python),
-        "spark.executorEnv.PYTHONPATH": str(INCLUDE),
-        "spark.cores.max": "1",
-        "spark.executor.cores": "1",
-        "spark.executor.memory": "1g",
-        "spark.sql.shuffle.partitions": "4",
         "spark.decommission.enabled": "true",
         "spark.ui.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
+        **spark_settings.confs(),
     }
-    app_args = ["--master", master_url(master)]
+    app_args = ["--master", master_url(master), *spark_settings.submit_args([str(package), code])]
     for key, value in confs.items():
         app_args += ["--conf", f"{key}={value}"]
-    app_args += [str(DRIVER), "--job", job_name, "--run-id", str(run_id), "--module", module,
-                 "--expected-version", version, "--checkpoint-root", str(checkpoint_root),
-                 "--trigger-seconds", str(trigger), "--lease-seconds", str(lease_seconds)]
+    app_args += [str(entry_script), "--job", job_name, "--run-id", str(run_id), "--module", module,
+                 "--entry", entry, "--expected-version", version, "--checkpoint-root", str(checkpoint_root),
+                 "--lease-seconds", str(lease_seconds), "--stop-deadline", str(stop_deadline)]
     if allow_non_restored_state:
         app_args.append("--allow-non-restored-state")
     request = {
         "action": "CreateSubmissionRequest",
-        "appResource": f"file:{DRIVER}",
+        "appResource": f"file:{entry_script}",
         "mainClass": "org.apache.spark.deploy.SparkSubmit",
         "appArgs": app_args,
         "clientSparkVersion": version,
@@ -191,7 +227,7 @@ def launch(
             "spark.master": master_url(master),
             "spark.submit.deployMode": "cluster",
             "spark.driver.supervise": "false",
-            "spark.driver.memory": "1g",
+            "spark.driver.memory": spark_settings.driver_memory,
             "spark.driver.cores": "1",
         },
     }
@@ -292,7 +328,11 @@ def cancel(settings: Settings, membership: Membership, job_name: str, reason: st
         if run is None or run.state not in LIVE or run.submission_id is None:
             return
         version, submission = run.spark_version, run.submission_id
-    membership.master(version).kill(submission)
+    master = membership.master(version)
+    master.kill(submission)
+    # Returns once the master says the driver has ended: a resubmit may then take over its checkpoint.
+    wait_for(lambda: master.status(submission).state not in ("SUBMITTED", "RUNNING", "RELAUNCHING"), 120,
+             f"the driver of job {job_name} ending after its cancel")
     with session_scope(settings.database_url) as s:
         run = current_run(s, get_job(s, job_name))
         assert run is not None
@@ -306,7 +346,7 @@ def list_jobs(settings: Settings) -> list[dict[str, Any]]:
         for job in s.scalars(select(Job).order_by(Job.name)):
             run = current_run(s, job)
             rows.append({
-                "name": job.name, "module": job.module, "fault_tolerant": job.fault_tolerant,
+                "name": job.name, "module": job.module, "entry": job.entry, "fault_tolerant": job.fault_tolerant,
                 "block_shutdown": job.block_shutdown, "shutdown_timeout": job.shutdown_timeout,
                 "state": run.state if run else "NEW", "version": run.spark_version if run else None,
                 "member": run.member if run else None, "run": run.id if run else None,

@@ -4,7 +4,7 @@ A fault-tolerant run asked to stop does not exit at the batch boundary. It parks
 stopped, its driver stays up, and it holds a lease. It exits once its successor has written output.
 If no successor has written by the end of the lease, whatever happened to the orchestrator (a failed
 task, a deadlock, a killed scheduler), the parked run reclaims the job and resumes in place. The
-successor, if one was launched, is fenced off: its sink writes are refused (see `sink.write_batch`).
+successor, if one was launched, is fenced off: its sink writes are refused (see `runtime.fence`).
 Every decision is taken under the job row's lock, the same lock the sink's fence takes.
 """
 

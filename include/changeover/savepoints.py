@@ -23,18 +23,19 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, checkpoints, processes, sink
+from changeover import audit, checkpoints, processes
 from changeover.digests import DigestCache
 from changeover.errors import ChangeoverError
 from changeover.jobs import LIVE, current_run, get_job, new_checkpoint_root
 from changeover.names import check_name
 from changeover.registry.db import session_scope
 from changeover.registry.models import Savepoint, UpgradeRun, utcnow
-from changeover.settings import CHECKOUT, Settings
+from changeover.runtime.sinks import Sink, WriteContext, from_description
+from changeover.settings import Settings
 from changeover.timeutil import as_utc
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2  # 2: each stage names its sink, and a file sink's log as of the batch is kept under sinks/
 MODES = ("stop", "continue")
 
 
@@ -78,9 +79,10 @@ class _Source:
     root: Path
     run_id: int
     version: str
-    module: str
+    code: str | None
     stages: dict[str, int]
     operators: dict[str, Any]  # stage -> the driver's `state-metadata` rows
+    sinks: dict[str, Any]  # stage -> its sink's description, as the driver recorded it
 
 
 def _source(settings: Settings, job_name: str, name: str, mode: str) -> _Source:
@@ -95,14 +97,14 @@ def _source(settings: Settings, job_name: str, name: str, mode: str) -> _Source:
             raise ChangeoverError(f"savepoint {name!r} of job {job_name}",
                                   f"the job is {state}, and a {mode} savepoint needs it "
                                   + ("stopped at a batch boundary" if mode == "stop" else "running"), how)
-        root, run_id, version, module = Path(run.checkpoint_root), run.id, run.spark_version, job.module
-        operators = dict(run.operators or {})
+        root, run_id, version, code = Path(run.checkpoint_root), run.id, run.spark_version, job.code
+        operators, sinks = dict(run.operators or {}), dict(run.sinks or {})
     stages = {name: checkpoints.last_commit(root / name) for name in checkpoints.stage_names(root)}
     committed = {stage: batch for stage, batch in stages.items() if batch is not None}
     if not committed:
         raise ChangeoverError(f"savepoint {name!r} of job {job_name}", "the job has no committed batch yet",
                               "let it run until it commits a batch, then take the savepoint")
-    return _Source(root, run_id, version, module, committed, operators)
+    return _Source(root, run_id, version, code, committed, operators, sinks)
 
 
 def _check_space(settings: Settings, source: _Source, store: Path, link: bool, name: str) -> None:
@@ -118,10 +120,16 @@ def _check_space(settings: Settings, source: _Source, store: Path, link: bool, n
             "free some space, delete old savepoints with `changeover savepoint delete`, or move the store")
 
 
-def code_fingerprint(module: str) -> str | None:
-    """SHA-256 of the job module's source file, so a later resume can tell the code changed."""
-    path = CHECKOUT / "include" / Path(*module.split(".")).with_suffix(".py")
-    return DigestCache.sha256(path) if path.exists() else None
+def code_fingerprint(code: str | None) -> str | None:
+    """SHA-256 of the job's code artifact, so a later resume can tell the code changed."""
+    return DigestCache.sha256(Path(code)) if code and Path(code).is_file() else None
+
+
+def _sink(description: dict[str, Any] | None, settings: Settings, job: str, stage: str
+          ) -> tuple[Sink, WriteContext] | None:
+    if not description:
+        return None
+    return from_description(description), WriteContext(settings.database_url, job, stage, 0)
 
 
 def take(
@@ -166,17 +174,27 @@ def take(
         stats = checkpoints.snapshot_stage(source.root / stage, staging / "stages" / stage, batch, link=link,
                                            prefix=f"stages/{stage}/")
         copied.update(stats.files)
+        copied.update(checkpoints.snapshot_pending(source.root / stage, staging / "stages" / stage, batch,
+                                                   prefix=f"stages/{stage}/").files)
         _crash_point("copying")
+    sink_batches: dict[str, int | None] = {}
+    for stage, batch in source.stages.items():
+        if (found := _sink(source.sinks.get(stage), settings, job_name, stage)) is not None:
+            declared, context = found
+            sink_batches[stage] = declared.progress(context)
+            saved = staging / "sinks" / stage
+            declared.snapshot(context, batch, saved)
+            for file in (p for p in saved.rglob("*") if p.is_file()) if saved.exists() else []:
+                copied[str(file.relative_to(staging))] = file.stat()
     _crash_point("copied")
     digests = DigestCache(store / ".digests.json")
     files = {relative: {"size": st.st_size, "sha256": digests.of(os.path.join(staging, relative), st)}
              for relative, st in sorted(copied.items())}
     digests.save()
-    sink_progress = sink.progress(settings.database_url, job_name)
     manifest = {
         "format": FORMAT, "job": job_name, "savepoint": name, "mode": mode,
         "created_at": utcnow().isoformat(), "spark_version": source.version, "run": source.run_id,
-        "code_fingerprint": code_fingerprint(source.module),
+        "code_fingerprint": code_fingerprint(source.code),
         "size_bytes": sum(f["size"] for f in files.values()),
         "stages": {
             stage: {
@@ -184,7 +202,9 @@ def take(
                 "source_offsets": checkpoints.source_offsets(staging / "stages" / stage, batch),
                 "operators": describe_operators(source.operators.get(stage),
                                                 checkpoints.stateful_operators(staging / "stages" / stage)),
-                "sink_batch": sink_progress.get(stage),
+                "replay_through": checkpoints.last_offsets(staging / "stages" / stage),
+                "sink": source.sinks.get(stage),
+                "sink_batch": sink_batches.get(stage),
             }
             for stage, batch in source.stages.items()
         },
@@ -288,6 +308,7 @@ def restore(
     source_job: str | None = None,
     rename: dict[str, str] | None = None,
     rewind_sink: bool = False,
+    accept_duplicates: bool = False,
 ) -> Path:
     """Verify a savepoint (of source_job, by default job_name itself), then lay its stages out, by stage
     name and through the rename map, in a fresh checkpoint root of job_name."""
@@ -302,8 +323,9 @@ def restore(
         if old not in stages:
             raise ChangeoverError(f"stage rename {old}={new}", f"savepoint {name!r} has no stage {old!r} "
                                   f"(it has {', '.join(stages)})", "rename one of the savepoint's stages")
-    _align_sink(settings, job_name, name, {rename.get(st, st): info["batch"] for st, info in stages.items()},
-                rewind_sink)
+    if (source_job or job_name) == job_name:  # a copy into another job starts its own sinks' ledgers
+        _align_sinks(settings, job_name, name, path, {rename.get(st, st): info for st, info in stages.items()},
+                     rewind_sink, accept_duplicates)
     root = new_checkpoint_root(settings, job_name)
     link = checkpoints.same_filesystem(path, root.parent)
     for relative in manifest["files"]:
@@ -311,33 +333,52 @@ def restore(
         if parts[0] != "stages":
             continue
         target = root / rename.get(parts[1], parts[1]) / Path(*parts[2:])
-        checkpoints.materialise(path / relative, target, link=link)
+        if checkpoints.materialise(path / relative, target, link=link) is None:
+            shutil.rmtree(root, ignore_errors=True)
+            raise ChangeoverError(f"restore of savepoint {name!r} into job {job_name}",
+                                  f"{relative} vanished while it was being laid out",
+                                  "check that nothing deletes savepoints meanwhile (retention, `savepoint delete`), "
+                                  "then resume again")
     with session_scope(settings.database_url) as s:
         audit.record(s, "savepoint.restore", "savepoint", f"{source_job or job_name}/{name}", job=job_name,
                      into=str(root), rename=rename, rewind_sink=rewind_sink)
     return root
 
 
-def _align_sink(settings: Settings, job: str, name: str, batches: dict[str, int], rewind: bool) -> None:
-    """The sink's progress is not in the checkpoint: a sink ahead of the savepoint would skip batches."""
-    written = sink.progress(settings.database_url, job)
-    ahead = {stage: (batch, written[stage]) for stage, batch in batches.items()
-             if written.get(stage, -1) > batch}
-    if not ahead:
-        return
-    if not rewind:
-        detail = ", ".join(f"{st} wrote up to batch {w}, the savepoint stands at {b}" for st, (b, w) in ahead.items())
-        raise ChangeoverError(
-            f"resume of job {job} from savepoint {name!r}",
-            f"the sink is ahead of the savepoint ({detail}), so the replayed batches would be skipped as "
-            "already written and their rows lost",
-            "pass --rewind-sink to forget the sink's batches after the savepoint so they are written again, "
-            "or resume from a newer savepoint")
-    with session_scope(settings.database_url) as s:
-        for stage, (batch, was) in ahead.items():
-            forgotten = sink.rewind(settings.database_url, job, stage, batch)
-            audit.record(s, "sink.rewind", "job", job, stage=stage, to_batch=batch, from_batch=was,
-                         batches_forgotten=forgotten, savepoint=name)
+def _align_sinks(settings: Settings, job: str, name: str, path: Path, stages: dict[str, Any], rewind: bool,
+                 accept_duplicates: bool) -> None:
+    """A sink's progress is not in the checkpoint: a sink ahead of the savepoint would skip the batches the
+    restored query replays (files, keyed tables) or deliver them twice (an at-least-once foreachBatch)."""
+    for stage, info in stages.items():
+        if (found := _sink(info.get("sink"), settings, job, stage)) is None:
+            raise ChangeoverError(f"resume of job {job} from savepoint {name!r}",
+                                  f"the savepoint does not say which sink stage {stage} writes (it predates "
+                                  "declared sinks, or the run never reported them), so whether the sink is ahead "
+                                  "of it cannot be checked", "resume from a savepoint taken since")
+        declared, context = found
+        written = declared.progress(context)
+        duplicates = declared.guarantee == "at-least-once"
+        # Batches the savepoint holds offsets for are replayed with the same offsets: a sink that recognises a
+        # replay may have them; an at-least-once one would get them twice.
+        limit = info["batch"] if duplicates else max(info["batch"], info.get("replay_through") or -1)
+        if written is None or written <= limit:
+            continue
+        if (duplicates and not accept_duplicates) or (not duplicates and declared.guarantee != "idempotent"
+                                                      and not rewind):
+            how = ("pass --accept-duplicates to deliver those batches again, duplicates and all"
+                   if duplicates else "pass --rewind-sink to make the sink as it was at the savepoint's batch, "
+                   "so the replayed batches are written again")
+            raise ChangeoverError(
+                f"resume of job {job} from savepoint {name!r}",
+                f"the {declared.kind} sink of stage {stage} is ahead of the savepoint: it wrote up to batch "
+                f"{written}, the savepoint stands at batch {info['batch']}, so the replayed batches would be "
+                + ("delivered twice" if duplicates else "skipped as already written and their rows lost"),
+                f"{how}, or resume from a newer savepoint")
+        saved = path / "sinks" / stage
+        done = declared.rewind(context, info["batch"], saved if saved.is_dir() else None)
+        with session_scope(settings.database_url) as s:
+            audit.record(s, "sink.rewind", "job", job, stage=stage, sink=declared.kind, to_batch=info["batch"],
+                         from_batch=written, savepoint=name, done=done)
 
 
 def delete(settings: Settings, job_name: str, name: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from changeover.stages import JobContext
+from changeover.runtime import JobContext
 
 
 def run(spark, ctx: JobContext) -> None:  # type: ignore[no-untyped-def]

@@ -8,15 +8,18 @@ try of the roll task fail after the job has stopped, as a crash or a spurious re
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from changeover import audit, faults, jobs, sink
+from changeover import audit, faults, jobs
 from changeover.cluster import wait_for
 from changeover.generator import Generator
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, utcnow
 from changeover.timeutil import as_utc
+from guide_words import GUIDE_JOB, Words, parquet_counts
+from jobs import clicks
 from sqlalchemy import select
 
 from e2e import browser
@@ -39,9 +42,9 @@ def _start_clicks(stack: Stack, name: str) -> Generator:
 
 def _assert_exact(stack: Stack, name: str, generator: Generator) -> None:
     generator.stop()
-    wait_for(lambda: sink.results(stack.settings.database_url, name, "totals") == dict(generator.truth), 300,
+    wait_for(lambda: clicks.results(stack.settings.database_url, name)[0] == dict(generator.truth), 300,
              f"job {name} catching up with every generated file")
-    windows = sink.results(stack.settings.database_url, name, "windows")
+    windows = clicks.results(stack.settings.database_url, name)[1]
     assert windows and all(generator.window_truth[k] == v for k, v in windows.items())
 
 
@@ -61,9 +64,25 @@ def _assert_rolled(stack: Stack, name: str) -> None:
     assert run is not None and run.spark_version == "4.3.0" and run.state in jobs.LIVE
 
 
+def _start_guide(stack: Stack) -> tuple[Words, Path]:
+    """The guide's windowed count, from a file outside the checkout, writing parquet: a user's own job."""
+    outside = stack.settings.home.parent / "team-repo" / GUIDE_JOB.name
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(GUIDE_JOB, outside)
+    words, output = Words(stack.settings.home.parent / "words"), stack.settings.home.parent / "guide-output"
+    for _ in range(24):
+        words.write()
+    jobs.submit(stack.settings, stack.cluster, str(outside), "guide",
+                options={"words": str(words.folder), "output": str(output), "lease_seconds": LEASE_SECONDS})
+    jobs.wait_until_committed(stack.settings, stack.cluster, "guide")
+    return words, output
+
+
 def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members: list[str]) -> None:
-    """On PostgreSQL metadata the first member's try also fails once after its job has stopped."""
+    """On PostgreSQL metadata the first member's try also fails once after its job has stopped; on SQLite a
+    user's own job, the guide's windowed count writing parquet, is rolled beside the demo's job."""
     generator = _start_clicks(stack, "clicks")
+    guide = _start_guide(stack) if stack.kind == "sqlite" else None
     forced = stack.kind == "postgresql"
     if forced:
         faults.arm(stack.settings, "drain.after_stop")
@@ -80,6 +99,13 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
         generator.stop()
     _assert_rolled(stack, "clicks")
     _assert_exact(stack, "clicks", generator)
+    if guide is not None:  # windows open before the upgrade close after it: their state came across
+        words, output = guide
+        _assert_rolled(stack, "guide")
+        for _ in range(12):
+            words.write()
+        words.flush()
+        wait_for(lambda: parquet_counts(output) == words.truth(), 300, "every closed window of the guide job")
     if forced:
         roll = next(t for t in airflow.task_instances("rolling_upgrade", run_id) if t["task_id"] == "roll")
         assert roll["try_number"] >= 2  # the injected failure cost one try, and the retry went on from there

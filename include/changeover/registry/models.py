@@ -60,7 +60,9 @@ class Member(Base):
 class Job(Base):
     __tablename__ = "jobs"
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
-    module: Mapped[str] = mapped_column(String(200))
+    module: Mapped[str] = mapped_column(String(200))  # the name the driver imports
+    code: Mapped[str | None] = mapped_column(Text)  # the artifact shipped with --py-files
+    entry: Mapped[str] = mapped_column(String(16), default="build", server_default="build")  # build | run | script
     fault_tolerant: Mapped[bool]
     block_shutdown: Mapped[bool]
     shutdown_timeout: Mapped[int] = mapped_column(Integer, default=30)
@@ -90,6 +92,7 @@ class JobRun(Base):
     progress: Mapped[dict[str, Any]] = mapped_column(default=dict)  # stage -> last committed batch
     # stage -> rows of Spark's `state-metadata` reader, as the driver read them
     operators: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    sinks: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # stage -> its sink's description
     submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime | None]
     first_commit_at: Mapped[datetime | None]
@@ -154,22 +157,12 @@ class Event(Base):
 
 
 class SinkLedger(Base):
-    """Batches an idempotent sink has already written, so a re-run batch is skipped."""
+    """Batches a sink has written, per job and stage: a keyed table keeps it in its own database, beside its rows."""
 
     __tablename__ = "sink_ledger"
     job: Mapped[str] = mapped_column(String(100), primary_key=True)
     stage: Mapped[str] = mapped_column(String(100), primary_key=True)
     batch_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     rows: Mapped[int]
+    run_id: Mapped[int | None] = mapped_column(BigInteger)  # the epoch that wrote it
     written_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-class StageResult(Base):
-    """Results of a stage, keyed so that writing the same batch twice changes nothing."""
-
-    __tablename__ = "stage_results"
-    job: Mapped[str] = mapped_column(String(100), primary_key=True)
-    stage: Mapped[str] = mapped_column(String(100), primary_key=True)
-    result_key: Mapped[str] = mapped_column(String(300), primary_key=True)
-    value: Mapped[int] = mapped_column(BigInteger)
-    batch_id: Mapped[int] = mapped_column(BigInteger)

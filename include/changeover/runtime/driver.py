@@ -1,32 +1,35 @@
 """The runtime wrapper that runs inside the Spark driver.
 
-It checks the Spark version it was launched for before anything runs, runs the job's stages in
-AvailableNow cycles so that every cycle ends on a committed batch boundary, reports heartbeats and
-committed batches to the registry, and parks at a boundary when a stop is asked for (see `lease`).
+It checks the Spark version it was launched for before anything runs, runs each stage as one long-lived
+query, reports heartbeats and committed batches to the registry, and stops at a batch boundary when asked:
+a user's stop ends the run, a move parks it until its successor takes over (see `changeover.lease`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
+import runpy
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
 from sqlalchemy.exc import OperationalError
 
 from changeover import audit, checkpoints, lease
-from changeover.checkpoints import last_commit
-from changeover.registry.db import session_scope
-from changeover.registry.models import STOPPING, Job, JobRun, utcnow
+from changeover.registry.db import lock_row, session_scope
+from changeover.registry.models import Job, JobRun, utcnow
+from changeover.runtime.contract import JobContext, Stage
+from changeover.runtime.queries import StageQueries
 from changeover.settings import Settings
-from changeover.sink import write_batch
-from changeover.stages import JobContext, Stage
 
 log = logging.getLogger("changeover.driver")
+LOOP_SECONDS = 0.2
+HEARTBEAT_SECONDS = 5.0
+ENTRIES = ("build", "run", "script")
 
 
 def unmatched_state(job: str, restored: set[str], stages: set[str]) -> str | None:
@@ -51,9 +54,11 @@ def version_mismatch(job: str, actual: str, expected: str) -> str:
 
 
 class Driver:
-    def __init__(self, settings: Settings, job: str, run_id: int, lease_seconds: float | None = None) -> None:
+    def __init__(self, settings: Settings, job: str, run_id: int, lease_seconds: float | None = None,
+                 stop_deadline: float = 60.0) -> None:
         self.settings = settings
         self.lease_seconds = lease_seconds if lease_seconds is not None else lease.lease_seconds()
+        self.stop_deadline = stop_deadline
         self.url = settings.database_url
         self.job = job
         self.run_id = run_id
@@ -61,22 +66,27 @@ class Driver:
     def fail(self, message: str) -> None:
         with session_scope(self.url) as s:
             run = s.get(JobRun, self.run_id)
-            if run:
+            if run and run.ended_at is None:  # not a run already ended, e.g. cancelled, whose driver dies now
                 run.state, run.error, run.ended_at = "FAILED", message, utcnow()
             audit.record(s, "job.fail", "job", self.job, outcome="failed", run=self.run_id, error=message)
 
-    def stop_requested(self) -> bool:
-        """True when a savepoint asked for a stop, or this run is no longer the job's current one (fenced)."""
+    def stop_state(self) -> str:
+        """"fenced" once another run is the job's current one, else the job's desired state: RUN, STOP or MOVE."""
         with session_scope(self.url) as s:
             job = s.get(Job, self.job)
-            return job is None or job.desired in STOPPING or job.current_run_id != self.run_id
+            if job is None or job.current_run_id != self.run_id:
+                return "fenced"
+            return job.desired
 
-    def report(self, progress: dict[str, int | None], committed: bool, state: str = "RUNNING") -> None:
+    def report(self, progress: dict[str, int | None], committed: bool, state: str = "RUNNING",
+               **fields: Any) -> None:
         with session_scope(self.url) as s:
             run = s.get(JobRun, self.run_id)
             assert run is not None
             now = utcnow()
             run.heartbeat_at, run.progress = now, dict(progress)
+            for name, value in fields.items():
+                setattr(run, name, value)
             if run.state in ("SUBMITTED", "RUNNING"):
                 run.state = state
             if committed:
@@ -104,15 +114,18 @@ class Driver:
             assert run is not None
             run.operators = {**(run.operators or {}), **found}
 
-    def run_streaming(
-        self,
-        stages: list[Stage],
-        checkpoint_root: Path,
-        trigger_seconds: float,
-        allow_non_restored: bool = False,
-        spark: Any = None,
-    ) -> bool:
-        """Run until asked to stop. False when the restored state does not fit the job's stages."""
+    def stop_failed(self, wanted: str) -> None:
+        """Past the hard deadline a trigger was still active: the stop is withdrawn and the job runs on."""
+        with session_scope(self.url) as s:
+            job = lock_row(s, Job, self.job)
+            if job is not None and job.current_run_id == self.run_id and job.desired == wanted:
+                job.desired = "RUN"
+            audit.record(s, "job.stop_failed", "job", self.job, outcome="failed", run=self.run_id,
+                         reason=f"a trigger was still active after {self.stop_deadline:.0f} s; the job keeps running")
+
+    def run_streaming(self, stages: list[Stage], checkpoint_root: Path, allow_non_restored: bool = False,
+                      spark: Any = None) -> bool:
+        """Run until stopped or handed off. False when the restored state does not fit the job's stages."""
         names = [stage.name for stage in stages]
         if len(set(names)) != len(names):
             raise ValueError(f"job {self.job}: stage names must be unique, got {names}")
@@ -124,55 +137,59 @@ class Driver:
             return False
         for orphan in restored - set(names):  # allowed: set aside, so later savepoints do not carry it
             (checkpoint_root / orphan).rename(checkpoint_root / f".dropped-{orphan}")
-        seen = {n: last_commit(checkpoint_root / n) for n in names}
-        self.report(seen, committed=False)
-        described: set[str] = set()
+        queries = StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id)
+        seen = queries.committed()
+        self.report(seen, committed=False, sinks={s.name: s.sink.describe() for s in stages})
+        # A sink Changeover cannot fence: claim the job before the first write, so the run this one replaces
+        # can no longer reclaim it and write the same batches again.
         took_over = False
-        while True:
-            queries = [self._start(stage, checkpoint_root / stage.name) for stage in stages]
-            try:
-                for query in queries:
-                    query.awaitTermination()
-            except Exception:
-                if self.stop_state() != "fenced":
-                    raise
-                for query in queries:  # a fenced write failed its batch: nothing of it landed
-                    query.stop()
-            now = {n: last_commit(checkpoint_root / n) for n in names}
-            fresh = [n for n in names if n not in described and now[n] is not None]
-            if spark is not None and fresh and self.stop_state() != "fenced":
-                self.report_operators(spark, checkpoint_root, fresh)
-                described.update(fresh)
-            advanced = any((now[n] or -1) > (seen[n] if seen[n] is not None else -1) for n in names)
-            seen = now
-            if not took_over:  # even with no data to write, a successor that ran a cycle has taken over
-                took_over = lease.take_over(self.url, self.job, self.run_id)
-            if self.stop_state() != "fenced":
-                self.report(now, committed=advanced)
-            if not self._between_cycles(now, trigger_seconds):
+        if not all(stage.sink.fenced for stage in stages):
+            took_over = lease.take_over(self.url, self.job, self.run_id)
+            if not took_over:
+                self.report(seen, committed=False, state="STOPPED")
                 return True
-
-    def stop_state(self) -> str:
-        """"fenced" once another run is the job's current one, else the job's desired state: RUN, STOP or MOVE."""
-        with session_scope(self.url) as s:
-            job = s.get(Job, self.job)
-            if job is None or job.current_run_id != self.run_id:
-                return "fenced"
-            return job.desired
-
-    def _between_cycles(self, progress: dict[str, int | None], trigger_seconds: float) -> bool:
-        """Wait for the next cycle. False when this run ends: fenced off, or handed off after parking."""
-        deadline = time.monotonic() + trigger_seconds
+        queries.start()
+        described: set[str] = set()
+        reported = time.monotonic()
         while True:
             state = self.stop_state()
-            if state in ("fenced", "STOP"):
-                self.report(progress, committed=False, state="STOPPED")
-                return False
-            if state == "MOVE":
-                return self._park(progress)
-            if time.monotonic() >= deadline:
+            if state == "fenced":
+                queries.stop_now()
+                self.report(queries.committed(), committed=False, state="STOPPED")
                 return True
-            time.sleep(min(0.25, trigger_seconds))
+            if state in ("STOP", "MOVE"):
+                if not queries.stop_at_boundary(self.stop_deadline):
+                    self.stop_failed(state)
+                    continue
+                now = queries.committed()
+                self.report(now, committed=now != seen)
+                seen = now
+                if state == "STOP" or not self._park(now):
+                    if state == "STOP":
+                        self.report(now, committed=False, state="STOPPED")
+                    return True
+                queries.start()
+                continue
+            failure = queries.failure()
+            if failure is not None:
+                if self.stop_state() == "fenced":
+                    continue  # a fenced write failed its batch: nothing of it landed; the next turn stops
+                raise failure
+            now = queries.committed()
+            advanced = now != seen
+            if not took_over and (advanced or queries.have_run()):
+                took_over = lease.take_over(self.url, self.job, self.run_id)
+            fresh = [n for n in names if n not in described and now[n] is not None]
+            if spark is not None and fresh:
+                self.report_operators(spark, checkpoint_root, fresh)
+                described.update(fresh)
+            if advanced or time.monotonic() - reported >= HEARTBEAT_SECONDS:
+                try:
+                    self.report(now, committed=advanced)
+                    seen, reported = now, time.monotonic()
+                except OperationalError as exc:  # e.g. SQLite busy past its timeout: the queries go on
+                    log.warning("job %s run %s: progress not recorded (%s); retrying", self.job, self.run_id, exc)
+            time.sleep(LOOP_SECONDS)
 
     def _park(self, progress: dict[str, int | None]) -> bool:
         """Stopped at a batch boundary: wait, holding the lease, until handed off (False) or resumed (True)."""
@@ -192,21 +209,13 @@ class Driver:
             log.warning("job %s run %s: the registry did not answer (%s); still parked", self.job, self.run_id, exc)
             return "wait"
 
-    def _start(self, stage: Stage, checkpoint: Path):  # type: ignore[no-untyped-def]
-        url, job, name, to_results, run_id = self.url, self.job, stage.name, stage.to_results, self.run_id
 
-        def sink(frame, batch_id: int) -> None:  # type: ignore[no-untyped-def]
-            rows = [(str(r[0]), int(r[1])) for r in to_results(frame).collect()]
-            write_batch(url, job, name, batch_id, rows, run_id=run_id)
-
-        return (
-            stage.frame.writeStream.queryName(name)
-            .outputMode(stage.output_mode)
-            .option("checkpointLocation", str(checkpoint))
-            .foreachBatch(sink)
-            .trigger(availableNow=True)
-            .start()
-        )
+def run_script(module: str) -> None:
+    """An unchanged script: run as `python script.py` would, its `__main__` block included."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"job module {module} is not on the driver's path (shipped with --py-files)")
+    runpy.run_path(spec.origin, run_name="__main__")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,16 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", required=True)
     parser.add_argument("--run-id", type=int, required=True)
     parser.add_argument("--module", required=True)
+    parser.add_argument("--entry", choices=ENTRIES, default="build")
     parser.add_argument("--expected-version", required=True)
     parser.add_argument("--checkpoint-root")
-    parser.add_argument("--trigger-seconds", type=float, default=1.0)
     parser.add_argument("--allow-non-restored-state", action="store_true")
     parser.add_argument("--lease-seconds", type=float)
+    parser.add_argument("--stop-deadline", type=float, default=60.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    from pyspark.sql import SparkSession
 
-    driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds)
+    driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds, args.stop_deadline)
     spark = SparkSession.builder.appName(f"changeover-{args.job}").getOrCreate()
     try:
         if spark.version != args.expected_version:
@@ -234,17 +245,18 @@ def main(argv: list[str] | None = None) -> int:
         with session_scope(driver.url) as s:
             job = s.get(Job, args.job)
             options = dict(job.options) if job else {}
-        module = importlib.import_module(args.module)
-        context = JobContext(args.job, args.run_id, options, driver.stop_requested)
-        if hasattr(module, "build"):
-            stages = module.build(spark, context)
-            if not driver.run_streaming(stages, Path(args.checkpoint_root), args.trigger_seconds,
-                                        args.allow_non_restored_state, spark):
+        context = JobContext(args.job, args.run_id, options)
+        if args.entry == "build":
+            stages = importlib.import_module(args.module).build(spark, context)
+            if not driver.run_streaming(stages, Path(args.checkpoint_root), args.allow_non_restored_state, spark):
                 return 4
+            return 0
+        driver.report({}, committed=False)
+        if args.entry == "run":
+            importlib.import_module(args.module).run(spark, context)
         else:
-            driver.report({}, committed=False)
-            module.run(spark, context)
-            driver.report({}, committed=False, state="FINISHED")
+            run_script(args.module)
+        driver.report({}, committed=False, state="FINISHED")
         return 0
     except Exception as exc:
         driver.fail(f"job {args.job}: {type(exc).__name__}: {exc}")

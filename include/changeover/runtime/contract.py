@@ -1,0 +1,30 @@
+"""The job contract: `build(spark, ctx)` returns named stages, each an ordinary streaming DataFrame with
+its output mode, its trigger and a declared sink. Changeover adds only the query name and the checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from changeover.runtime.sinks import Sink
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    frame: Any  # a streaming pyspark DataFrame
+    sink: Sink
+    output_mode: str = "append"
+    trigger: str = "1 second"  # a processing-time interval, Spark's default kind of trigger
+
+
+@dataclass(frozen=True)
+class JobContext:
+    job: str
+    run_id: int  # also the run's fencing epoch: a later run of the job always has a larger one
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def epoch(self) -> int:
+        return self.run_id

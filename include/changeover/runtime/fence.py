@@ -1,0 +1,42 @@
+"""The fence: a run writes only while it is its job's current run, decided under the job row's lock.
+
+The lock is the one a launch takes to make a successor current and a parked run takes to reclaim its job,
+so a write that passed the check lands before any of those, and a write after them is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.orm import Session
+
+from changeover import audit
+from changeover.errors import ChangeoverError
+from changeover.registry.db import lock_row, session_scope
+from changeover.registry.models import Job, JobRun, utcnow
+
+
+class Fenced(ChangeoverError):
+    """A run that is no longer its job's current run tried to write: its output must not land."""
+
+
+@contextmanager
+def hold(url: str, job: str, run_id: int, stage: str, batch_id: int) -> Iterator[Session]:
+    """A registry transaction holding the job row's lock, entered only by the job's current run."""
+    try:
+        with session_scope(url) as s:
+            row = lock_row(s, Job, job)
+            if row is None or row.current_run_id != run_id:
+                raise Fenced(f"write of batch {batch_id} of stage {stage} of job {job} by run {run_id}",
+                             f"run {row.current_run_id if row else None} is the job's current run now",
+                             "nothing to do: this run was superseded and stops; the current run writes instead")
+            run = s.get(JobRun, run_id)
+            if run is not None and run.first_write_at is None:
+                run.first_write_at = utcnow()
+            yield s
+    except Fenced as refused:
+        with session_scope(url) as s:
+            audit.record(s, "sink.fenced", "job", job, outcome="refused", run=run_id, stage=stage,
+                         batch=batch_id, reason=str(refused))
+        raise

@@ -1,0 +1,86 @@
+"""A job's stages as long-lived streaming queries, one per stage for the life of the run.
+
+A stop waits until no trigger is active, or the running batch commits, or the trigger is only planning the next
+batch (listing files, no offsets written yet), then stops the query, so the last commit is a whole batch. A query
+whose batches follow each other back to back is stopped just after a commit: the next batch may have begun, which
+leaves at most an offset entry ahead of the last commit. Spark replays it with
+the same offsets, savepoints keep that entry, and the sinks recognise a replayed batch. Past the deadline (one
+batch that runs longer) the stop is given up and the queries run on.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from changeover.checkpoints import last_commit, last_offsets
+from changeover.runtime.contract import Stage
+from changeover.runtime.sinks import WriteContext
+
+POLL_SECONDS = 0.02
+
+
+class StageQueries:
+    def __init__(self, stages: list[Stage], checkpoint_root: Path, registry_url: str, job: str, run_id: int) -> None:
+        self.stages, self.root = stages, checkpoint_root
+        self.registry_url, self.job, self.run_id = registry_url, job, run_id
+        self.queries: dict[str, Any] = {}
+
+    def start(self, only: list[str] | None = None) -> None:
+        for stage in self.stages:
+            if only is not None and stage.name not in only:
+                continue
+            context = WriteContext(self.registry_url, self.job, stage.name, self.run_id)
+            self.queries[stage.name] = (
+                stage.sink.attach(stage.frame, context).queryName(stage.name)
+                .outputMode(stage.output_mode)
+                .option("checkpointLocation", str(self.root / stage.name))
+                .trigger(processingTime=stage.trigger)
+                .start()
+            )
+
+    def committed(self) -> dict[str, int | None]:
+        return {stage.name: last_commit(self.root / stage.name) for stage in self.stages}
+
+    def have_run(self) -> bool:
+        """Every query has finished at least one trigger, data or none."""
+        return bool(self.queries) and all(q.lastProgress is not None for q in self.queries.values())
+
+    def failure(self) -> Exception | None:
+        for query in self.queries.values():
+            if not query.isActive:
+                return query.exception() or RuntimeError(f"query {query.name} ended by itself")
+        return None
+
+    def stop_now(self) -> None:
+        for query in self.queries.values():
+            query.stop()
+        self.queries.clear()
+
+    def at_boundary(self, name: str, before: int | None) -> bool:
+        """Whether stopping this query now cuts no batch: no trigger active; or the batch that was running has
+        committed; or the trigger is only planning (listing files, no offsets written beyond the last commit)."""
+        query = self.queries[name]
+        if not query.isActive or not query.status["isTriggerActive"]:
+            return True
+        committed = last_commit(self.root / name)
+        return committed != before or last_offsets(self.root / name) == committed
+
+    def stop_at_boundary(self, deadline_seconds: float) -> bool:
+        """Stop every query at its next boundary, all watched at once. False, with every query running again,
+        past the deadline."""
+        deadline = time.monotonic() + deadline_seconds
+        before = {name: last_commit(self.root / name) for name in self.queries}
+        stopped: list[str] = []
+        while self.queries:
+            for name in [n for n in self.queries if self.at_boundary(n, before[n])]:
+                self.queries.pop(name).stop()
+                stopped.append(name)
+            if not self.queries:
+                return True
+            if time.monotonic() >= deadline:
+                self.start(only=stopped)
+                return False
+            time.sleep(POLL_SECONDS)
+        return True

@@ -1,0 +1,30 @@
+"""Sinks with a declared delivery guarantee.
+
+A declaration tells Changeover how to attach the sink to a query, whether its writes can be fenced, how far
+it has written (to tell whether it is ahead of a savepoint), how to rewind it to a savepoint's batch, and
+where to send its writes for a read-only run (`redirected`). The control plane rebuilds a declaration from
+the description the driver recorded (`from_description`), without the job's code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from changeover.errors import ChangeoverError
+from changeover.runtime.sinks.base import Sink, WriteContext
+from changeover.runtime.sinks.files import Files
+from changeover.runtime.sinks.foreach import ForeachBatch
+from changeover.runtime.sinks.keyed_table import KeyedTable
+
+KINDS: dict[str, type[Sink]] = {"files": Files, "keyed_table": KeyedTable, "foreach": ForeachBatch}
+
+
+def from_description(description: dict[str, Any]) -> Sink:
+    kind = description.get("kind")
+    if kind not in KINDS:
+        raise ChangeoverError(f"sink description {description}", f"unknown sink kind {kind!r}",
+                              f"use one of {', '.join(KINDS)}")
+    return KINDS[kind].from_description(description)
+
+
+__all__ = ["Files", "ForeachBatch", "KeyedTable", "Sink", "WriteContext", "from_description"]

@@ -1,0 +1,57 @@
+"""What every sink declaration answers."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+GUARANTEES = ("exactly-once", "idempotent", "at-least-once")
+
+
+@dataclass(frozen=True)
+class WriteContext:
+    registry_url: str
+    job: str
+    stage: str
+    run_id: int  # the fencing epoch
+
+
+class Sink(ABC):
+    kind: ClassVar[str]
+    # exactly-once: replayed batches are recognised and skipped; idempotent: written again with the same
+    # result; at-least-once: a replayed batch is delivered twice.
+    guarantee: str
+    # Whether Changeover can refuse a superseded run's write inside the write itself. An unfenced sink makes
+    # a successor claim the job before its queries start, so the run it replaces can no longer come back.
+    fenced: ClassVar[bool]
+
+    @abstractmethod
+    def attach(self, frame: Any, context: WriteContext) -> Any:
+        """frame.writeStream with this sink set: a DataStreamWriter, query name and checkpoint still unset."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """A JSON description, enough for the control plane to rebuild this declaration."""
+
+    @classmethod
+    @abstractmethod
+    def from_description(cls, description: dict[str, Any]) -> Sink: ...
+
+    @abstractmethod
+    def progress(self, context: WriteContext) -> int | None:
+        """The newest batch the sink has recorded as written for this stage, None before any."""
+
+    def snapshot(self, context: WriteContext, batch: int, target: Path) -> None:
+        """Save what a rewind to `batch` needs beside the checkpoint (most sinks keep it themselves)."""
+        return None
+
+    @abstractmethod
+    def rewind(self, context: WriteContext, batch: int | None, saved: Path | None) -> str:
+        """Make the sink as it was after `batch` (None: before any), so replayed batches are written again.
+        Returns what was done, for the audit."""
+
+    @abstractmethod
+    def redirected(self, suffix: str) -> Sink:
+        """The same sink writing elsewhere, for a read-only run beside the real one."""

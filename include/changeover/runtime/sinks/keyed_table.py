@@ -1,0 +1,261 @@
+"""A keyed SQL table (PostgreSQL or SQLite) of any schema: exactly once through a ledger, rewindable through undo.
+
+A batch is never collected on the driver. Each partition writes its rows, in chunks, into a staging table
+from the executor that holds it (a retried task replaces its own partition's rows). Then one transaction on
+the driver, inside the fence, merges the staging rows into the table as upserts on the declared key columns,
+keeps the rows they replace in an undo table, and writes the batch's ledger entry. A batch already in the
+ledger is skipped, so a replayed batch changes nothing; rewinding to a savepoint's batch applies the undo
+entries of later batches, newest first, so the table holds its values as of that batch, not nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from changeover.errors import ChangeoverError
+from changeover.names import check_name
+from changeover.registry.db import engine_for
+from changeover.registry.models import SinkLedger
+from changeover.runtime import fence
+from changeover.runtime.sinks.base import Sink, WriteContext
+
+OWNER, BATCH, RUN, PART, EXISTED = "_co_owner", "_co_batch", "_co_run", "_co_part", "_co_existed"
+_SPARK_TYPES: dict[str, Any] = {
+    "string": sa.Text, "long": sa.BigInteger, "integer": sa.Integer, "short": sa.SmallInteger,
+    "byte": sa.SmallInteger, "double": sa.Float, "float": sa.Float, "boolean": sa.Boolean,
+    "timestamp": lambda: sa.DateTime(timezone=True), "timestamp_ntz": sa.DateTime, "date": sa.Date,
+    "binary": sa.LargeBinary,
+}
+_tables_lock = threading.Lock()
+
+
+def _sql_type(field: Any) -> Any:
+    name = field.dataType.typeName()
+    if name == "decimal":
+        return sa.Numeric(field.dataType.precision, field.dataType.scale)
+    if name not in _SPARK_TYPES:
+        raise ChangeoverError(f"column {field.name!r} of type {field.dataType.simpleString()}",
+                              "a keyed table stores flat columns only",
+                              "select flat columns before the sink, e.g. window.start AS window_start")
+    return _SPARK_TYPES[name]()
+
+
+def _insert(connection: Connection) -> Any:
+    return (postgresql if connection.dialect.name == "postgresql" else sqlite).insert
+
+
+@dataclass(frozen=True)
+class _Tables:
+    target: sa.Table
+    staging: sa.Table
+    undo: sa.Table
+    ledger: sa.Table
+
+    @property
+    def columns(self) -> list[str]:
+        return [c.name for c in self.target.columns]
+
+
+@functools.lru_cache(maxsize=64)
+def _reflect(url: str, table: str, keys: tuple[str, ...]) -> _Tables:
+    engine = engine_for(url)
+    metadata = sa.MetaData()
+    target = sa.Table(table, metadata, autoload_with=engine)
+    missing = [k for k in keys if k not in target.columns]
+    if missing:
+        raise ChangeoverError(f"keyed table {table}", f"it has no column(s) {', '.join(missing)}",
+                              f"declare key columns among {', '.join(target.columns.keys())}")
+    inspector = sa.inspect(engine)
+    unique = [tuple(inspector.get_pk_constraint(table)["constrained_columns"])]
+    unique += [tuple(u["column_names"]) for u in inspector.get_unique_constraints(table)]
+    unique += [tuple(i["column_names"]) for i in inspector.get_indexes(table) if i.get("unique")]
+    if not any(set(u) == set(keys) for u in unique):
+        raise ChangeoverError(f"keyed table {table}", f"no primary key or unique index is on ({', '.join(keys)}), "
+                              "which upserts need", f"create one: CREATE UNIQUE INDEX ON {table} ({', '.join(keys)})")
+    plain = [sa.Column(c.name, c.type) for c in target.columns]
+    staging = sa.Table(f"{table}__co_staging", metadata, *plain,
+                       sa.Column(OWNER, sa.String(200)), sa.Column(BATCH, sa.BigInteger), sa.Column(RUN, sa.BigInteger),
+                       sa.Column(PART, sa.Integer), sa.Index(f"ix_{table}__co_staging", OWNER, BATCH, RUN, PART))
+    undo = sa.Table(f"{table}__co_undo", metadata, *[sa.Column(c.name, c.type) for c in target.columns],
+                    sa.Column(OWNER, sa.String(200)), sa.Column(BATCH, sa.BigInteger), sa.Column(EXISTED, sa.Integer),
+                    sa.Index(f"ix_{table}__co_undo", OWNER, BATCH))
+    ledger = SinkLedger.__table__
+    for made in (staging, undo, ledger):
+        made.create(engine, checkfirst=True)
+    return _Tables(target, staging, undo, ledger)  # type: ignore[arg-type]
+
+
+def _create_target(engine: Engine, table: str, keys: tuple[str, ...], schema: Any) -> None:
+    missing = [k for k in keys if k not in schema.fieldNames()]
+    if missing:
+        raise ChangeoverError(f"keyed table {table}", f"the stage's rows have no column(s) {', '.join(missing)}",
+                              f"declare key columns among {', '.join(schema.fieldNames())}")
+    columns = [sa.Column(f.name, _sql_type(f), nullable=f.name not in keys) for f in schema.fields]
+    created = sa.Table(table, sa.MetaData(), *columns, sa.PrimaryKeyConstraint(*keys))
+    created.create(engine, checkfirst=True)
+
+
+def _stage_partition(url: str, staging: str, columns: list[str], owner: str, batch_id: int, run_id: int,
+                     chunk_rows: int, rows: Iterable[Any]) -> None:
+    """Runs on an executor: this partition's rows into the staging table, in chunks, in one transaction."""
+    from pyspark import TaskContext
+
+    part = TaskContext.get().partitionId()  # type: ignore[union-attr]
+    table = sa.table(staging, *(sa.column(c) for c in (*columns, OWNER, BATCH, RUN, PART)))
+    mine = (table.c[OWNER] == owner) & (table.c[BATCH] == batch_id) & (table.c[RUN] == run_id) & (table.c[PART] == part)
+    tags = {OWNER: owner, BATCH: batch_id, RUN: run_id, PART: part}
+    with engine_for(url).begin() as connection:
+        connection.execute(sa.delete(table).where(mine))  # a retried task replaces what its first try wrote
+        chunk: list[dict[str, Any]] = []
+        for row in rows:
+            chunk.append({**row.asDict(), **tags})
+            if len(chunk) >= chunk_rows:
+                connection.execute(sa.insert(table), chunk)
+                chunk = []
+        if chunk:
+            connection.execute(sa.insert(table), chunk)
+
+
+@dataclass(frozen=True)
+class KeyedTable(Sink):
+    url: str
+    table: str
+    keys: tuple[str, ...]
+    chunk_rows: int = 10_000
+    kind: ClassVar[str] = "keyed_table"
+    fenced: ClassVar[bool] = True
+    guarantee: str = "exactly-once"
+
+    def __post_init__(self) -> None:
+        check_name("table", self.table)
+        if not self.keys:
+            raise ChangeoverError(f"keyed table {self.table}", "no key columns are declared",
+                                  "pass keys=(...) naming the columns that identify a row")
+
+    def attach(self, frame: Any, context: WriteContext) -> Any:
+        return frame.writeStream.foreachBatch(lambda batch, batch_id: self.write(batch, batch_id, context))
+
+    def tables(self, schema: Any = None) -> _Tables:
+        with _tables_lock:
+            engine = engine_for(self.url)
+            if schema is not None and not sa.inspect(engine).has_table(self.table):
+                _create_target(engine, self.table, self.keys, schema)
+            return _reflect(self.url, self.table, tuple(self.keys))
+
+    def write(self, batch: Any, batch_id: int, context: WriteContext) -> bool:
+        """Write one micro-batch; False when the ledger shows it was written before."""
+        tables = self.tables(batch.schema)
+        owner = f"{context.job}/{context.stage}"
+        if self._written(engine_for(self.url), tables, context, batch_id):
+            return False
+        with engine_for(self.url).begin() as connection:  # what an interrupted try of this batch staged
+            staged = tables.staging.c
+            connection.execute(sa.delete(tables.staging).where(staged[OWNER] == owner, staged[BATCH] == batch_id))
+        stage = functools.partial(_stage_partition, self.url, tables.staging.name, batch.columns, owner, batch_id,
+                                  context.run_id, self.chunk_rows)
+        batch.foreachPartition(stage)
+        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as s:
+            if self.url == context.registry_url:
+                return self._merge(s.connection(), tables, context, owner, batch_id)
+            with engine_for(self.url).begin() as connection:
+                return self._merge(connection, tables, context, owner, batch_id)
+
+    def _written(self, engine: Engine, tables: _Tables, context: WriteContext, batch_id: int) -> bool:
+        ledger = tables.ledger.c
+        with engine.connect() as connection:
+            return connection.scalar(sa.select(ledger.batch_id).where(
+                ledger.job == context.job, ledger.stage == context.stage, ledger.batch_id == batch_id)) is not None
+
+    def _merge(self, connection: Connection, tables: _Tables, context: WriteContext, owner: str,
+               batch_id: int) -> bool:
+        staging, target, undo, ledger = tables.staging.c, tables.target, tables.undo, tables.ledger
+        mine = (staging[OWNER] == owner) & (staging[BATCH] == batch_id) & (staging[RUN] == context.run_id)
+        clear = sa.delete(tables.staging).where(mine)
+        if connection.scalar(sa.select(ledger.c.batch_id).where(
+                ledger.c.job == context.job, ledger.c.stage == context.stage,
+                ledger.c.batch_id == batch_id)) is not None:
+            connection.execute(clear)
+            return False
+        keys, columns = list(self.keys), tables.columns
+        doubled = connection.scalar(sa.select(sa.func.count()).select_from(
+            sa.select(*[staging[k] for k in keys]).where(mine).group_by(*[staging[k] for k in keys])
+            .having(sa.func.count() > 1).subquery()))
+        if doubled:
+            raise ChangeoverError(f"batch {batch_id} of stage {context.stage} into table {self.table}",
+                                  f"{doubled} key(s) of ({', '.join(keys)}) occur more than once in the batch",
+                                  "declare keys that identify one row per batch, or aggregate before the sink")
+        same_key = sa.and_(*[target.c[k] == staging[k] for k in keys])
+        connection.execute(sa.insert(undo).from_select([*columns, OWNER, BATCH, EXISTED], sa.select(
+            *[target.c[c] for c in columns], sa.literal(owner), sa.literal(batch_id), sa.literal(1)
+        ).where(sa.exists().where(same_key, mine))))
+        connection.execute(sa.insert(undo).from_select([*keys, OWNER, BATCH, EXISTED], sa.select(
+            *[staging[k] for k in keys], sa.literal(owner), sa.literal(batch_id), sa.literal(0)
+        ).where(mine, ~sa.exists().where(same_key))))
+        rows = int(connection.scalar(sa.select(sa.func.count()).where(mine)) or 0)
+        upsert = _insert(connection)(target).from_select(columns, sa.select(*[staging[c] for c in columns]).where(mine))
+        values = [c for c in columns if c not in keys]
+        upsert = (upsert.on_conflict_do_update(index_elements=keys, set_={c: upsert.excluded[c] for c in values})
+                  if values else upsert.on_conflict_do_nothing(index_elements=keys))
+        connection.execute(upsert)
+        connection.execute(sa.insert(ledger).values(job=context.job, stage=context.stage, batch_id=batch_id,
+                                                    rows=rows, run_id=context.run_id, written_at=sa.func.now()))
+        connection.execute(clear)
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        # The URL as given: the control plane checks and rewinds the table with it (credentials: see the README).
+        return {"kind": self.kind, "guarantee": self.guarantee, "url": self.url,
+                "table": self.table, "keys": list(self.keys)}
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> KeyedTable:
+        return cls(description["url"], description["table"], tuple(description["keys"]))
+
+    def progress(self, context: WriteContext) -> int | None:
+        if not sa.inspect(engine_for(self.url)).has_table(SinkLedger.__tablename__):
+            return None
+        ledger = SinkLedger.__table__.c
+        with engine_for(self.url).connect() as connection:
+            return connection.scalar(sa.select(sa.func.max(ledger.batch_id)).where(
+                ledger.job == context.job, ledger.stage == context.stage))
+
+    def rewind(self, context: WriteContext, batch: int | None, saved: Path | None) -> str:
+        tables = self.tables()
+        target, undo, keys = tables.target, tables.undo, list(self.keys)
+        owner, floor = f"{context.job}/{context.stage}", -1 if batch is None else batch
+        with engine_for(self.url).begin() as connection:
+            later = list(connection.scalars(sa.select(undo.c[BATCH]).where(
+                undo.c[OWNER] == owner, undo.c[BATCH] > floor).distinct().order_by(undo.c[BATCH].desc())))
+            for undone in later:  # newest first: each batch's undo holds the rows as they were before it
+                of_batch = (undo.c[OWNER] == owner) & (undo.c[BATCH] == undone)
+                same_key = sa.and_(*[undo.c[k] == target.c[k] for k in keys])
+                connection.execute(sa.delete(target).where(sa.exists().where(same_key, of_batch)))
+                connection.execute(sa.insert(target).from_select(tables.columns, sa.select(
+                    *[undo.c[c] for c in tables.columns]).where(of_batch, undo.c[EXISTED] == 1)))
+                connection.execute(sa.delete(undo).where(of_batch))
+            ledger = tables.ledger.c
+            connection.execute(sa.delete(tables.ledger).where(
+                ledger.job == context.job, ledger.stage == context.stage, ledger.batch_id > floor))
+            connection.execute(sa.delete(tables.staging).where(tables.staging.c[OWNER] == owner))
+        return f"undid {len(later)} batch(es) of {self.table} after batch {batch}"
+
+    def redirected(self, suffix: str) -> KeyedTable:
+        return replace(self, table=f"{self.table}__{suffix}")
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every row of the table, e.g. to check results; none before the table's first batch."""
+        if not sa.inspect(engine_for(self.url)).has_table(self.table):
+            return []
+        with engine_for(self.url).connect() as connection:
+            table = sa.Table(self.table, sa.MetaData(), autoload_with=connection)
+            return [dict(row._mapping) for row in connection.execute(sa.select(table))]
+

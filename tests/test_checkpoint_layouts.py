@@ -1,0 +1,350 @@
+"""Pruning a checkpoint to batch N on every state store layout Spark 4.x writes.
+
+The unit test reads `keep()` on literal paths of each layout. The slow tests run real local queries (a
+stream-stream join on the HDFS-backed and the RocksDB providers, and a RocksDB aggregation) past N, prune a
+copy to N with `snapshot_stage`, check that nothing newer than N is left in it, and restart the query on the
+copy with the same later input: it must emit exactly what the original emitted after N.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from changeover import checkpoints
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+UUID = "0d259b5b-9243-40e7-b7a9-598c94830537"
+
+# (path relative to the stage checkpoint, kept for batch 5?)
+LAYOUTS = [
+    ("metadata", True),
+    (".metadata.crc", True),
+    ("offsets/5", True),
+    ("offsets/.5.crc", True),
+    ("offsets/6", False),
+    ("offsets/.6.crc", False),
+    ("offsets/.6.2b1e4a0c-77d1-4a52-9d0a-51d1ed0b6a3e.tmp", False),
+    ("offsets/..6.2b1e4a0c-77d1-4a52-9d0a-51d1ed0b6a3e.tmp.crc", False),
+    ("commits/5", True),
+    ("commits/6", False),
+    ("sources/0/5", True),
+    ("sources/0/6", False),
+    ("sources/1/.6.crc", False),
+    # HDFS-backed provider, default store: version N + 1 is the state after batch N
+    ("state/0/1/6.delta", True),
+    ("state/0/1/.6.delta.crc", True),
+    ("state/0/1/7.delta", False),
+    ("state/0/1/.7.delta.crc", False),
+    ("state/0/1/6.snapshot", True),
+    ("state/0/1/7.snapshot", False),
+    ("state/0/1/.7.delta.3f0c8a1e-5a8e-4c55-9f0e-4bb5a3d1c2e7.tmp", False),
+    ("state/0/0/_metadata/schema", True),
+    ("state/0/0/_metadata/.schema.crc", True),
+    ("state/0/_metadata/metadata", True),
+    # stream-stream join (state format 1, 2): four named stores per partition
+    ("state/0/0/left-keyToNumValues/6.delta", True),
+    ("state/0/0/left-keyToNumValues/7.delta", False),
+    ("state/0/0/left-keyToNumValues/.7.delta.crc", False),
+    ("state/0/1/left-keyWithIndexToValue/7.snapshot", False),
+    ("state/0/1/right-keyToNumValues/6.delta", True),
+    ("state/0/1/right-keyWithIndexToValue/12.delta", False),
+    ("state/0/1/right-keyWithIndexToValue/_metadata/schema", True),
+    # RocksDB provider, with and without changelog checkpointing and checkpoint format 2 (<version>_<uuid>,
+    # and Spark's own <file>.crc beside Hadoop's .<file>.crc)
+    ("state/0/1/6.zip", True),
+    ("state/0/1/.6.zip.crc", True),
+    ("state/0/1/7.zip", False),
+    ("state/0/1/.7.zip.crc", False),
+    ("state/0/1/6.changelog", True),
+    ("state/0/1/7.changelog", False),
+    (f"state/0/1/6_{UUID}.changelog", True),
+    (f"state/0/1/6_{UUID}.changelog.crc", True),
+    (f"state/0/1/.6_{UUID}.changelog.crc.crc", True),
+    (f"state/0/1/7_{UUID}.zip", False),
+    (f"state/0/1/7_{UUID}.changelog.crc", False),
+    (f"state/0/1/.7_{UUID}.changelog.crc.crc", False),
+    (f"state/0/0/left-keyToNumValues/7_{UUID}.changelog", False),
+    (f"state/0/0/left-keyToNumValues/6_{UUID}.changelog", True),
+    # shared RocksDB files: the leading number is RocksDB's file number, not a version
+    (f"state/0/1/SSTs/000008-{UUID}.sst", True),
+    (f"state/0/1/SSTs/.000008-{UUID}.sst.crc", True),
+    (f"state/0/1/SSTs/000012-{UUID}.sst.crc", True),
+    (f"state/0/1/right-keyWithIndexToValue/SSTs/000011-{UUID}.sst", True),
+    (f"state/0/1/logs/000010-{UUID}.log", True),
+    (f"state/0/1/SSTs/.000013-{UUID}.sst.a6c1f0e2-1a1b-4d7a-8c55-3b0fd1e2a9c4.tmp", False),
+    # operator metadata v2 and state schema files: named by the batch that wrote them
+    ("state/0/_metadata/v2/5", True),
+    ("state/0/_metadata/v2/.5.crc", True),
+    ("state/0/_metadata/v2/6", False),
+    (f"state/0/_metadata/v2/6_{UUID}", False),
+    (f"state/0/_stateSchema/default/0_{UUID}", True),
+    (f"state/0/_stateSchema/default/.0_{UUID}.crc", True),
+    (f"state/0/_stateSchema/default/6_{UUID}", False),
+    (f"state/0/_stateSchema/default/.6_{UUID}.crc", False),
+]
+
+
+@pytest.mark.parametrize(("relative", "kept"), LAYOUTS, ids=[path for path, _ in LAYOUTS])
+def test_keep_on_every_layout(relative: str, kept: bool) -> None:
+    assert checkpoints.keep(relative.replace("/", os.sep), 5) is kept
+
+
+# --- real queries ------------------------------------------------------------------------------------------
+
+N = 3  # the batch the copy is pruned to
+PHASES = [range(0, 4), range(4, 6), range(6, 8)]  # input files (= batch ids) per run of the original query
+START = datetime(2024, 1, 1)
+VERSION_FILE = re.compile(r"^(\d+)(?:_[0-9a-f-]{36})?\.(?:delta|snapshot|zip|changelog)$")
+JOIN_STORES = {f"{side}-{kind}" for side in ("left", "right") for kind in ("keyToNumValues", "keyWithIndexToValue")}
+
+BASE = {
+    # No no-data batches: every batch is one input file per source, so the original and the copy run the same
+    # batches whenever processAllAvailable() returns, and a stop never interrupts a trailing no-data batch.
+    "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+}
+ROCKSDB_CHANGELOG = {
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # <version>_<uuid> files and Spark's own <file>.crc checksums
+    "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
+    # snapshots (.zip and SSTs/) beside the changelogs, uploaded by the maintenance thread
+    "spark.sql.streaming.stateStore.minDeltasForSnapshot": "2",
+    "spark.sql.streaming.stateStore.maintenanceInterval": "200ms",
+}
+JOIN_VARIANTS = {
+    "hdfs": {},
+    "rocksdb-changelog": ROCKSDB_CHANGELOG,
+    # one store with virtual column families; writes _metadata/v2/<batch> and _stateSchema/
+    "rocksdb-join-v3": {"spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+                        "spark.sql.streaming.join.stateFormatVersion": "3"},
+}
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("checkpoint-layouts")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def session_with(spark: Any, conf: dict[str, str]) -> Any:
+    session = spark.newSession()  # SQL confs of its own, the SparkContext shared
+    for key, value in {**BASE, **conf}.items():
+        session.conf.set(key, value)
+    return session
+
+
+def at(seconds: int) -> str:
+    return (START + timedelta(seconds=seconds)).isoformat()
+
+
+def write_inputs(folder: Path, batches: range, rows: Callable[[int], list[dict[str, Any]]]) -> None:
+    """One file per batch. Explicit increasing mtimes: the file source takes the oldest file first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in batches:
+        path = folder / f"{i:03d}.json"
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows(i)))
+        mtime = time.time() - 1000 + i
+        os.utime(path, (mtime, mtime))
+
+
+def left_rows(i: int) -> list[dict[str, Any]]:
+    return [{"k": i, "t": at(10 * i), "v": f"l{i}"}, {"k": 100 + i, "t": at(10 * i + 1), "v": f"l{i}b"}]
+
+
+def right_rows(i: int) -> list[dict[str, Any]]:
+    rows = [{"k": i, "t": at(10 * i + 2), "v": f"r{i}"},  # joins the left row of the same batch
+            {"k": 101 + i, "t": at(10 * (i + 1) + 3), "v": f"r{i}n"}]  # joins l{i+1}b: the right side's state
+    if i:
+        rows.append({"k": i - 1, "t": at(10 * (i - 1) + 4), "v": f"r{i}p"})  # joins l{i-1}: the left side's state
+    return rows
+
+
+Query = Callable[[Any], tuple[Any, str]]  # session -> (streaming DataFrame, output mode)
+
+
+def run(session: Any, query: Query, checkpoint: Path) -> dict[int, list[tuple[Any, ...]]]:
+    """Run the query on `checkpoint` until it has processed every input file; the rows of each batch."""
+    output: dict[int, list[tuple[Any, ...]]] = {}
+
+    def collect(frame: Any, batch_id: int) -> None:
+        output[batch_id] = sorted(tuple(row) for row in frame.collect())
+
+    frame, mode = query(session)
+    started = (frame.writeStream.foreachBatch(collect).outputMode(mode)
+               .option("checkpointLocation", str(checkpoint)).start())
+    try:
+        started.processAllAvailable()  # raises if the query failed
+    finally:
+        started.stop()
+    return output
+
+
+def join_query(inputs: Path) -> Query:
+    def build(session: Any) -> tuple[Any, str]:
+        from pyspark.sql import functions as F
+
+        def side(name: str) -> Any:
+            return (session.readStream.schema("k INT, t TIMESTAMP, v STRING").option("maxFilesPerTrigger", 1)
+                    .json(str(inputs / name)).withWatermark("t", "10 seconds").alias(name))
+
+        joined = side("left").join(side("right"), F.expr(
+            "left.k = right.k AND right.t BETWEEN left.t AND left.t + interval 5 seconds"))
+        return joined.select(F.col("left.v"), F.col("right.v")), "append"
+    return build
+
+
+def count_query(inputs: Path) -> Query:
+    def build(session: Any) -> tuple[Any, str]:
+        return (session.readStream.schema("k INT").option("maxFilesPerTrigger", 1).json(str(inputs))
+                .groupBy("k").count()), "update"
+    return build
+
+
+def state_rows(session: Any, checkpoint: Path, batch: int | None = None, **options: str) -> list[str]:
+    """The state as the `statestore` reader sees it: at `batch`, or at the last committed batch."""
+    reader = session.read.format("statestore").options(**options)
+    if batch is not None:
+        reader = reader.option("batchId", batch)
+    return sorted(repr(row) for row in reader.load(str(checkpoint)).collect())
+
+
+def numbered(checkpoint: Path, pattern: str) -> list[int]:
+    return [int(p.name.split("_")[0]) for p in checkpoint.glob(pattern) if p.name[0].isdigit()]
+
+
+def store_versions(checkpoint: Path) -> dict[str, list[int]]:
+    """Version files (.delta, .snapshot, .zip, .changelog) per state store folder."""
+    stores: dict[str, list[int]] = defaultdict(list)
+    for path in (checkpoint / "state").rglob("*"):
+        if (match := VERSION_FILE.match(path.name)) and path.is_file():
+            stores[str(path.parent.relative_to(checkpoint))].append(int(match.group(1)))
+    return stores
+
+
+def files(checkpoint: Path) -> set[str]:
+    return {str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file()}
+
+
+def assert_pruned_to(original: Path, copy: Path, batch: int, listed: set[str]) -> None:
+    """Nothing of the batches after `batch` in the copy, and everything the restart needs; the original has
+    newer files in each place checked, so each check can fail. `listed`: the original's files before the copy
+    (RocksDB's maintenance thread may still upload a snapshot of the stopped query meanwhile)."""
+    assert checkpoints.last_commit(copy) == batch
+    for pattern in ("offsets/*", "commits/*", "sources/*/*"):
+        assert max(numbered(original, pattern)) > batch, pattern
+        assert max(numbered(copy, pattern)) == batch, pattern
+
+    before, after = store_versions(original), store_versions(copy)
+    assert after.keys() == before.keys()
+    for store, versions in before.items():
+        assert max(versions) > batch + 1, store
+        assert max(after[store]) == batch + 1, store  # version N + 1 is the state after batch N
+
+    for pattern in ("state/*/_metadata/v2/*", "state/*/_stateSchema/*/*"):
+        assert all(number <= batch for number in numbered(copy, pattern)), pattern
+        assert set(numbered(copy, pattern)) == {n for n in numbered(original, pattern) if n <= batch}, pattern
+
+    kept, shared = files(copy), {f for f in listed if f.split(os.sep)[-2:-1] in (["SSTs"], ["logs"])}
+    assert shared <= kept  # RocksDB's shared files are all kept
+    assert not [f for f in kept if f.endswith(".tmp")]
+    for name in kept:  # Hadoop's checksums go with their files, both ways
+        folder, base = os.path.split(name)
+        if base.startswith(".") and base.endswith(".crc"):
+            assert os.path.join(folder, base[1:-4]) in kept, name
+        elif os.path.join(folder, f".{base}.crc") in listed:
+            assert os.path.join(folder, f".{base}.crc") in kept, name
+
+
+def prune_and_restart(tmp_path: Path, session: Any, query: Query, write: Callable[[range], None],
+                      state: Callable[..., list[str]]) -> tuple[dict[int, Any], dict[int, Any], Path]:
+    """Run the original over PHASES[0] and [1] (two runs, as a job restarted once), prune a copy to N < its
+    last batch, run the original over PHASES[2], then the copy over the same input. Returns the original's
+    output after N, the copy's output, and the original's checkpoint."""
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    output: dict[int, Any] = {}
+    for phase in PHASES[:2]:
+        write(phase)
+        output.update(run(session, query, original))
+    assert sorted(output) == [*PHASES[0], *PHASES[1]]
+
+    listed = files(original)
+    checkpoints.snapshot_stage(original, copy, N)
+    assert_pruned_to(original, copy, N, listed)
+    copied_state, original_state = state(copy), state(original, N)
+    assert copied_state == original_state
+    assert copied_state  # the comparison above is about some state
+
+    write(PHASES[2])
+    output.update(run(session, query, original))
+    resumed = run(session, query, copy)
+    return {b: rows for b, rows in output.items() if b > N}, resumed, original
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(JOIN_VARIANTS))
+def test_a_join_restarts_from_its_pruned_copy(spark: Any, tmp_path: Path, variant: str) -> None:
+    session = session_with(spark, JOIN_VARIANTS[variant])
+    inputs = tmp_path / "inputs"
+
+    def write(batches: range) -> None:
+        write_inputs(inputs / "left", batches, left_rows)
+        write_inputs(inputs / "right", batches, right_rows)
+
+    def state(checkpoint: Path, batch: int | None = None) -> list[str]:
+        return [*state_rows(session, checkpoint, batch, joinSide="left"),
+                *state_rows(session, checkpoint, batch, joinSide="right")]
+
+    expected, resumed, original = prune_and_restart(tmp_path, session, join_query(inputs), write, state)
+
+    stores = {os.sep.join(s.split(os.sep)[2:]) for s in store_versions(original)}
+    if variant == "rocksdb-join-v3":
+        assert stores == {"0", "1"}
+        assert max(numbered(original, "state/0/_metadata/v2/*")) > N  # the second run wrote one; pruned
+        assert numbered(original, "state/0/_stateSchema/default/*")
+    else:
+        assert stores == {f"{p}{os.sep}{store}" for p in ("0", "1") for store in JOIN_STORES}
+    if variant == "rocksdb-changelog":
+        assert any(f.endswith(".changelog.crc") and not f.split(os.sep)[-1].startswith(".") for f in files(original))
+
+    assert sorted(resumed) == list(range(N + 1, PHASES[-1][-1] + 1))
+    assert resumed == expected
+    # the first batch after N matches rows buffered by batches <= N, on both sides
+    assert {(f"l{N}", f"r{N + 1}p"), (f"l{N + 1}b", f"r{N}n")} <= set(resumed[N + 1])
+
+
+@pytest.mark.slow
+def test_a_rocksdb_aggregation_restarts_from_its_pruned_copy(spark: Any, tmp_path: Path) -> None:
+    session = session_with(spark, {"spark.sql.streaming.stateStore.providerClass": ROCKSDB})
+    inputs = tmp_path / "inputs"
+
+    def write(batches: range) -> None:
+        write_inputs(inputs, batches, lambda i: [{"k": i % 3}, {"k": (i + 1) % 3}, {"k": 7}])
+
+    def state(checkpoint: Path, batch: int | None = None) -> list[str]:
+        return state_rows(session, checkpoint, batch)
+
+    expected, resumed, original = prune_and_restart(tmp_path, session, count_query(inputs), write, state)
+
+    names = [Path(f).name for f in files(original)]
+    assert {name.split(".")[1] for name in names if VERSION_FILE.match(name)} == {"zip"}  # no changelogs
+    assert any(name.endswith(".sst") and not name.startswith(".") for name in names)
+    assert sorted(resumed) == list(range(N + 1, PHASES[-1][-1] + 1))
+    assert resumed == expected
+    assert (7, N + 2) in resumed[N + 1]  # key 7 is in every batch: its count carries the state of batch N

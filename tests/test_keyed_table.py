@@ -1,0 +1,125 @@
+"""The keyed SQL table sink on real Spark DataFrames (a local session) and a real database, SQLite and PostgreSQL.
+
+The batches are written the way a query's foreachBatch hands them over: executors stage each partition,
+the driver merges inside the fence. Rows are never collected on the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from changeover import audit, shipping
+from changeover.errors import ChangeoverError
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, JobRun
+from changeover.runtime import KeyedTable
+from changeover.runtime.fence import Fenced
+from changeover.runtime.sinks import WriteContext
+from changeover.settings import Settings
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    package, _entry = shipping.runtime_artifacts(Settings.from_env(home=tmp_path_factory.mktemp("artifacts")))
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors need the registry's drivers, as a runtime has
+    session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "3").config("spark.submit.pyFiles", str(package))
+               .getOrCreate())
+    yield session
+    session.stop()
+
+
+def _current_run(settings: Settings, job: str = "j") -> int:
+    with session_scope(settings.database_url) as s:
+        if s.get(Job, job) is None:
+            s.add(Job(name=job, module="m", fault_tolerant=True, block_shutdown=False, options={}))
+            s.flush()
+        run = JobRun(job=job, spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={})
+        s.add(run)
+        s.flush()
+        s.get(Job, job).current_run_id = run.id
+        return run.id
+
+
+def _write(spark: Any, sink: KeyedTable, settings: Settings, run: int, batch: int, rows: list[tuple[Any, ...]],
+           columns: str = "key string, total long") -> bool:
+    frame = spark.createDataFrame(rows, columns).repartition(3)
+    return sink.write(frame, batch, WriteContext(settings.database_url, "j", "totals", run))
+
+
+def _table(sink: KeyedTable) -> dict[str, int]:
+    return {row["key"]: row["total"] for row in sink.read()}
+
+
+def test_batches_upsert_by_key_and_a_replayed_batch_changes_nothing(spark: Any, settings: Settings) -> None:
+    sink, run = KeyedTable(settings.database_url, "totals", keys=("key",), chunk_rows=2), _current_run(settings)
+    assert _write(spark, sink, settings, run, 0, [("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 5)])
+    assert not _write(spark, sink, settings, run, 0, [("a", 100)])  # the replay of batch 0
+    assert _write(spark, sink, settings, run, 1, [("a", 10), ("f", 6)])
+    assert _table(sink) == {"a": 10, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6}
+    assert sink.progress(WriteContext(settings.database_url, "j", "totals", run)) == 1
+    with session_scope(settings.database_url) as s:
+        assert s.execute(sink.tables().staging.select()).all() == []  # merged batches leave no staging rows
+
+
+def test_the_ledger_check_under_the_fence_skips_a_replay_that_raced_past_the_first_check(
+        spark: Any, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    sink, run = KeyedTable(settings.database_url, "totals", keys=("key",)), _current_run(settings)
+    assert _write(spark, sink, settings, run, 0, [("a", 1)])
+    # Two tries of batch 0 both passed the cheap check before either merged: the one inside the fence decides.
+    monkeypatch.setattr(KeyedTable, "_written", lambda *args: False)
+    assert not _write(spark, sink, settings, run, 0, [("a", 100)])
+    assert _table(sink) == {"a": 1}
+
+
+def test_a_rewind_restores_the_values_as_of_a_batch_not_an_empty_table(spark: Any, settings: Settings) -> None:
+    sink, run = KeyedTable(settings.database_url, "totals", keys=("key",)), _current_run(settings)
+    context = WriteContext(settings.database_url, "j", "totals", run)
+    _write(spark, sink, settings, run, 0, [("a", 1), ("b", 2)])
+    _write(spark, sink, settings, run, 1, [("a", 3), ("c", 5)])
+    _write(spark, sink, settings, run, 2, [("b", 7), ("c", 8)])
+    sink.rewind(context, 1, None)
+    assert _table(sink) == {"a": 3, "b": 2, "c": 5} and sink.progress(context) == 1
+    sink.rewind(context, 0, None)
+    assert _table(sink) == {"a": 1, "b": 2} and sink.progress(context) == 0
+    assert _write(spark, sink, settings, run, 1, [("a", 4)])  # batch 1 is written again, not skipped
+    assert _table(sink) == {"a": 4, "b": 2}
+    sink.rewind(context, None, None)
+    assert _table(sink) == {} and sink.progress(context) is None
+
+
+def test_a_superseded_run_cannot_write_and_its_attempt_is_recorded(spark: Any, settings: Settings) -> None:
+    sink = KeyedTable(settings.database_url, "totals", keys=("key",))
+    stale = _current_run(settings)
+    _write(spark, sink, settings, stale, 0, [("a", 1)])
+    current = _current_run(settings)
+    with pytest.raises(Fenced, match=f"by run {stale}: run {current} is the job's current run"):
+        _write(spark, sink, settings, stale, 1, [("a", 100)])
+    assert _table(sink) == {"a": 1}
+    refused = [e for e in audit.find(settings.database_url, job="j") if e.action == "sink.fenced"]
+    assert [(e.details["run"], e.details["batch"]) for e in refused] == [(stale, 1)]
+    assert _write(spark, sink, settings, current, 1, [("a", 2)]) and _table(sink) == {"a": 2}
+
+
+def test_bad_declarations_and_batches_are_refused_by_name(spark: Any, settings: Settings) -> None:
+    run = _current_run(settings)
+    sink = KeyedTable(settings.database_url, "totals", keys=("key",))
+    with pytest.raises(ChangeoverError, match=r"1 key\(s\) of \(key\) occur more than once in the batch"):
+        _write(spark, sink, settings, run, 0, [("a", 1), ("a", 2)])
+    assert _table(sink) == {}
+    with pytest.raises(ChangeoverError, match="the stage's rows have no column"):
+        _write(spark, KeyedTable(settings.database_url, "other", keys=("id",)), settings, run, 0, [("a", 1)])
+    nested = KeyedTable(settings.database_url, "nested", keys=("key",))
+    with pytest.raises(ChangeoverError, match="a keyed table stores flat columns only"):
+        _write(spark, nested, settings, run, 0, [("a", (1, 2))], "key string, pair struct<x:long,y:long>")
+    with pytest.raises(ChangeoverError, match="names may only hold"):
+        KeyedTable(settings.database_url, "drop table; --", keys=("key",))

@@ -1,0 +1,70 @@
+"""Resuming an older savepoint, per sink kind: what the registry decides before any driver starts.
+
+The savepoint here is its manifest's stage entries, as `savepoints.take` writes them; the real savepoints of
+file sinks and keyed tables are resumed on real Spark in test_user_jobs.py and test_savepoints.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from changeover import audit, savepoints
+from changeover.errors import ChangeoverError
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, SinkLedger
+from changeover.settings import Settings
+from sqlalchemy import func, select
+
+
+def _written_up_to(settings: Settings, batch: int) -> None:
+    with session_scope(settings.database_url) as s:
+        s.add(Job(name="audit", module="click_audit", fault_tolerant=True, block_shutdown=False, options={}))
+        for b in range(batch + 1):
+            s.add(SinkLedger(job="audit", stage="audit", batch_id=b, rows=0, run_id=1))
+
+
+def _newest(settings: Settings) -> int | None:
+    with session_scope(settings.database_url) as s:
+        return s.scalar(select(func.max(SinkLedger.batch_id)).where(SinkLedger.job == "audit"))
+
+
+def _stage(guarantee: str) -> dict[str, object]:
+    return {"audit": {"batch": 3, "replay_through": 4, "sink": {"kind": "foreach", "guarantee": guarantee}}}
+
+
+def test_an_at_least_once_foreach_sink_ahead_is_refused_unless_duplicates_are_accepted(settings: Settings,
+                                                                                      tmp_path: Path) -> None:
+    _written_up_to(settings, 6)
+    with pytest.raises(ChangeoverError, match=r"the foreach sink of stage audit is ahead of the savepoint: it wrote "
+                                              r"up to batch 6, the savepoint stands at batch 3, so the replayed "
+                                              r"batches would be delivered twice.*--accept-duplicates"):
+        savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), True, False)
+    assert _newest(settings) == 6  # refused: nothing changed
+    savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), False, True)
+    assert _newest(settings) == 3
+    rewinds = [e for e in audit.find(settings.database_url, job="audit") if e.action == "sink.rewind"]
+    assert [(e.details["from_batch"], e.details["to_batch"]) for e in rewinds] == [(6, 3)]
+
+
+def test_an_idempotent_foreach_sink_is_written_again_without_asking(settings: Settings, tmp_path: Path) -> None:
+    _written_up_to(settings, 6)
+    savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("idempotent"), False, False)
+    assert _newest(settings) == 3
+
+
+def test_the_batch_a_savepoint_replays_is_fine_for_a_keyed_table_but_twice_for_at_least_once(
+        settings: Settings, tmp_path: Path) -> None:
+    _written_up_to(settings, 4)  # batch 4's offsets are in the savepoint: Spark replays it with the same ones
+    keyed = {"audit": {"batch": 3, "replay_through": 4,
+                       "sink": {"kind": "keyed_table", "url": settings.database_url, "table": "t", "keys": ["k"]}}}
+    savepoints._align_sinks(settings, "audit", "older", tmp_path, keyed, False, False)  # the ledger skips it
+    assert _newest(settings) == 4
+    with pytest.raises(ChangeoverError, match="would be delivered twice"):
+        savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), False, False)
+
+
+def test_a_savepoint_that_does_not_name_its_sinks_is_refused(settings: Settings, tmp_path: Path) -> None:
+    _written_up_to(settings, 4)
+    with pytest.raises(ChangeoverError, match="the savepoint does not say which sink stage audit writes"):
+        savepoints._align_sinks(settings, "audit", "older", tmp_path, {"audit": {"batch": 3}}, True, True)

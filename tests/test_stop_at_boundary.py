@@ -1,0 +1,92 @@
+"""Stopping long-lived queries at a batch boundary, on a real local Spark session.
+
+Each batch's work waits for a gate file that the test creates, so a stop is requested while a batch is
+certainly running, and the test decides when that batch may finish.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from changeover.checkpoints import last_commit, last_offsets
+from changeover.cluster import wait_for
+from changeover.runtime import Files, Stage
+from changeover.runtime.queries import StageQueries
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    yield session
+    session.stop()
+
+
+def _slow_stage(spark: Any, tmp_path: Path, files: int) -> tuple[Stage, Path]:
+    from pyspark.sql import functions as F
+
+    source = tmp_path / "in"
+    source.mkdir()
+    for i in range(files):
+        (source / f"{i}.txt").write_text("\n".join(str(n) for n in range(4)) + "\n")
+    gate = str(tmp_path / "gate")
+
+    @F.udf("long")
+    def slow(value: str) -> int:
+        while not os.path.exists(gate):  # held until the test opens the gate
+            time.sleep(0.05)
+        return int(value)
+
+    frame = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).select(slow("value").alias("n"))
+    return Stage("slow", frame, Files(str(tmp_path / "out"), "parquet"), trigger="0 seconds"), tmp_path / "cp"
+
+
+def test_a_stop_waits_for_the_running_batch_to_commit(spark: Any, tmp_path: Path) -> None:
+    stage, root = _slow_stage(spark, tmp_path, files=6)
+    queries = StageQueries([stage], root, "sqlite://", "job", 1)
+    queries.start()
+    query = queries.queries["slow"]
+    wait_for(lambda: query.status["isTriggerActive"] and last_offsets(root / "slow") == 0, 120,
+             "batch 0 planned and running, held at the gate")
+    stopped: list[bool] = []
+    stopper = threading.Thread(target=lambda: stopped.append(queries.stop_at_boundary(120)))
+    stopper.start()
+    (tmp_path / "gate").touch()
+    stopper.join(timeout=180)
+    assert stopped == [True] and not query.isActive
+    assert last_commit(root / "slow") == 0  # the running batch was finished, and the stop came right after it
+
+
+def test_a_query_with_nothing_planned_stops_at_once(spark: Any, tmp_path: Path) -> None:
+    stage, root = _slow_stage(spark, tmp_path, files=0)  # no input: every trigger only lists the folder
+    queries = StageQueries([stage], root, "sqlite://", "job", 1)
+    queries.start()
+    wait_for(lambda: queries.queries["slow"].lastProgress is not None, 120, "a first trigger")
+    assert queries.stop_at_boundary(0.5)  # nothing planned to cut: no waiting for a commit that never comes
+    assert last_offsets(root / "slow") is None
+
+
+def test_past_the_deadline_the_stop_is_given_up_and_the_queries_run_on(spark: Any, tmp_path: Path) -> None:
+    stage, root = _slow_stage(spark, tmp_path, files=6)
+    queries = StageQueries([stage], root, "sqlite://", "job", 1)
+    queries.start()
+    wait_for(lambda: queries.queries["slow"].status["isTriggerActive"] and last_offsets(root / "slow") == 0, 120,
+             "batch 0 planned and running, held at the gate")
+    assert not queries.stop_at_boundary(0.5)
+    assert queries.queries["slow"].isActive and last_commit(root / "slow") is None  # it runs on, uncut
+    (tmp_path / "gate").touch()
+    wait_for(lambda: (last_commit(root / "slow") or -1) >= 5, 180, "every file's batch committed after all")
+    queries.stop_now()

@@ -1,0 +1,158 @@
+"""Users' own PySpark jobs under Changeover, on a real cluster: the guide's windowed count from a file outside the
+checkout writing parquet, a stream-stream join into a keyed table, and a job writing through its own foreachBatch
+function. Each is moved from Spark 4.2.0 to 4.3.0 the way a rolling upgrade moves it (stop at a boundary,
+savepoint, resume on the new group) and ends exact against ground truth the test computes itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pytest
+from changeover import jobs, relocate, savepoints
+from changeover.cluster import LocalCluster, wait_for
+from changeover.errors import ChangeoverError
+from changeover.generator import Generator
+from changeover.registry.db import session_scope
+from changeover.registry.models import SinkLedger
+from changeover.runtime.sinks.files import LOG
+from changeover.settings import Settings
+from changeover.spark_settings import SparkSettings
+from conftest import registry_settings
+from guide_words import GUIDE_JOB, Words, parquet_counts
+from jobs import click_audit, click_joins
+from sqlalchemy import func, select
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Cluster:
+    settings: Settings
+    cluster: LocalCluster
+    kind: str
+    pg_database: object
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, pg_database) -> Iterator[Cluster]:
+    home = tmp_path_factory.mktemp(f"user-jobs-{request.param}")
+    settings = registry_settings(request.param, home, pg_database, "changeover_uj")
+    cluster = LocalCluster(settings)
+    try:
+        cluster.up([("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.3.0")])  # jobs start on the larger 4.2.0 group
+        yield Cluster(settings, cluster, request.param, pg_database)
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(autouse=True)
+def no_job_left_running(live: Cluster) -> Iterator[None]:
+    """A failed test leaves no driver holding the members' cores for the next one."""
+    yield
+    for job in jobs.list_jobs(live.settings):
+        if job["state"] in jobs.LIVE:
+            jobs.cancel(live.settings, live.cluster, job["name"], reason="test cleanup")
+
+
+def move_to(live: Cluster, job: str, version: str) -> None:
+    """What the roll does for each fault-tolerant job on a drained member, one idempotent step at a time.
+    The job needs new input meanwhile: its first batch on the new version is what this waits for."""
+    wait_for(lambda: relocate.step(live.settings, live.cluster, job, version, reason="upgrade"), 240,
+             f"{job} moving to Spark {version}")
+    assert jobs.refresh(live.settings, live.cluster, job).spark_version == version
+    jobs.wait_until_committed(live.settings, live.cluster, job)
+
+
+def test_the_guides_windowed_count_from_a_file_outside_the_checkout_moves_exact(live: Cluster,
+                                                                                tmp_path: Path) -> None:
+    if live.kind == "postgresql":
+        pytest.skip("the file sink keeps its own log, not in the registry: one registry kind covers it")
+    outside = tmp_path / "team-repo" / "guide_windowed_counts.py"  # not under the checkout, not on any path
+    outside.parent.mkdir()
+    shutil.copy(GUIDE_JOB, outside)
+    words, output = Words(tmp_path / "words"), tmp_path / "out" / "counts"
+    for _ in range(12):
+        words.write()
+    jobs.submit(live.settings, live.cluster, str(outside), "guide",
+                options={"words": str(words.folder), "output": str(output)})
+    jobs.wait_until_committed(live.settings, live.cluster, "guide")
+    older = savepoints.take(live.settings, "guide", "older", mode="continue")
+    for _ in range(12):
+        words.write()
+    with words.writing():
+        move_to(live, "guide", "4.3.0")
+    for _ in range(12):
+        words.write()
+    words.flush()
+    truth = words.truth()
+    wait_for(lambda: parquet_counts(output) == truth, 300, "every closed window in the parquet output")
+
+    # An older savepoint: the file sink's log is ahead of it, and Spark would skip the replayed batches.
+    savepoints.request_stop(live.settings, "guide", reason="test")
+    wait_for(lambda: jobs.refresh(live.settings, live.cluster, "guide").state == "STOPPED", 120, "guide stopping")
+    with pytest.raises(ChangeoverError, match=r"the files sink of stage windowed_counts is ahead of the savepoint"):
+        jobs.resume(live.settings, live.cluster, "guide", "older")
+    jobs.resume(live.settings, live.cluster, "guide", "older", rewind_sink=True)
+    assert max(int(p.name.removesuffix(".compact")) for p in (output / LOG).iterdir()) == older.stages[
+        "windowed_counts"], "the log was trimmed to the savepoint's batch"
+    wait_for(lambda: parquet_counts(output) == truth, 300, "the rewound output exact again")
+    jobs.cancel(live.settings, live.cluster, "guide", reason="test finished with it")
+
+
+def test_a_join_into_a_keyed_table_and_a_foreach_batch_job_move_exact_and_survive_a_kill(live: Cluster,
+                                                                                        tmp_path: Path) -> None:
+    generator = Generator(tmp_path / "landing")
+    audit_url = (f"sqlite:///{tmp_path / 'team-audit.db'}" if live.kind == "sqlite"
+                 else live.pg_database("team_audit"))  # type: ignore[operator]
+    generator.write_file()
+    generator.start(interval=0.5)
+    try:
+        jobs.submit(live.settings, live.cluster, "jobs.click_joins", "joins",
+                    options={"landing": str(generator.landing)})
+        jobs.submit(live.settings, live.cluster, "jobs.click_audit", "audit",
+                    options={"landing": str(generator.landing), "audit_url": audit_url})
+        for job in ("joins", "audit"):
+            jobs.wait_until_committed(live.settings, live.cluster, job)
+        for job in ("joins", "audit"):
+            move_to(live, job, "4.3.0")
+        # Killed, not stopped: the resubmitted job continues from the killed run's checkpoint.
+        jobs.cancel(live.settings, live.cluster, "joins", reason="test kills it")
+        jobs.submit(live.settings, live.cluster, "jobs.click_joins", "joins")
+        jobs.wait_until_committed(live.settings, live.cluster, "joins")
+    finally:
+        generator.stop()
+    seqs = {f * 1000 + i for f in range(generator.files) for i in range(generator.events_per_file)}
+    matches = click_joins.sink("joins", live.settings.database_url)
+    wait_for(lambda: {row["seq"] for row in matches.read()} == seqs, 300, "every event joined")
+    with session_scope(live.settings.database_url) as s:  # and delivered once: across all batches, every match once
+        delivered = s.scalar(select(func.sum(SinkLedger.rows)).where(SinkLedger.job == "joins"))
+    assert delivered == len(seqs)
+    wait_for(lambda: click_audit.totals(audit_url) == dict(generator.truth), 300, "the audit table exact")
+    for job in ("joins", "audit"):
+        jobs.cancel(live.settings, live.cluster, job, reason="test finished with it")
+
+
+def test_an_unchanged_script_runs_as_a_batch_job_with_its_own_spark_settings(live: Cluster, tmp_path: Path) -> None:
+    if live.kind == "postgresql":
+        pytest.skip("launch settings do not depend on the registry's kind")
+    jar = tmp_path / "marker.jar"
+    with zipfile.ZipFile(jar, "w") as archive:
+        archive.writestr("changeover-marker.txt", "shipped")
+    spark = SparkSettings(executor_cores=1, executor_memory="640m", shuffle_partitions=7,
+                          extra_confs={"spark.changeover.test.marker": "on"}, jars=(str(jar),))
+    jobs.submit(live.settings, live.cluster, str(Path(__file__).parent / "user_jobs" / "report_settings.py"),
+                "settings-report", fault_tolerant=False, options={"spark": asdict(spark)})
+    wait_for(lambda: jobs.refresh(live.settings, live.cluster, "settings-report").state == "FINISHED", 240,
+             "the script running to its end")
+    found = json.loads((live.settings.home / "report_settings.json").read_text())
+    assert {k: found[k] for k in ("spark.executor.memory", "spark.sql.shuffle.partitions",
+                                  "spark.changeover.test.marker", "counted")} == {
+        "spark.executor.memory": "640m", "spark.sql.shuffle.partitions": "7",
+        "spark.changeover.test.marker": "on", "counted": 1000}
+    assert str(jar) in found["spark.jars"]
