@@ -149,6 +149,10 @@ def test_continue_savepoint_resumes_at_its_batch_and_costs_the_running_job_nothi
         "state-metadata", "stateStoreSave", ["default"])
     assert [f["name"] for f in totals["key_schema"]["fields"]] == ["key"]
     assert [f["name"] for f in totals["value_schema"]["fields"]] == ["count"]
+    # and the stage's plan as the driver read it, for `changeover check`
+    (planned,) = manifest["stages"]["totals"]["plan"]["operators"]
+    assert (planned["kind"], [a["function"] for a in planned["aggregates"]]) == ("aggregation", ["count"])
+    assert manifest["stages"]["windows"]["plan"]["operators"][0]["window"]["duration"] == "10 seconds"
     # The savepoint's state at its batch is the original's result at that batch: every event of the
     # files processed up to that batch, per key.
     stage = Path(sp.path) / "stages" / "totals"

@@ -162,6 +162,28 @@ def submit(
     out.print(f"job {name}: run {run.id} submitted to Spark {run.spark_version} as {run.submission_id}")
 
 
+@app.command("check")
+def check(
+    code: Annotated[str, typer.Argument(help="The job's new .py file or package folder (or a module).")],
+    savepoint: Annotated[str, typer.Option("--savepoint", help="JOB/NAME: the savepoint the code would resume.")],
+    target_version: Annotated[str | None, typer.Option(
+        "--target-version", help="The Spark version to resume on (default: the savepoint's).")] = None,
+    rename_stage: Annotated[list[str] | None, typer.Option(
+        "--rename-stage", help="OLD=NEW: the savepoint's stage OLD is the code's stage NEW.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Compare new code with a savepoint, before anything running is touched. Exit code: 0 COMPATIBLE,
+    10 COMPATIBLE_WITH_WARNING, 20 NEEDS_DISCARD, 30 INCOMPATIBLE (2: the check itself could not run)."""
+    from changeover.compat.static_check import check_code
+
+    report = check_code(_settings(), code, savepoint, target_version, _pairs(rename_stage, "--rename-stage"))
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        out.print(report.render(), highlight=False, soft_wrap=True)
+    raise typer.Exit(int(report.verdict))
+
+
 @app.command("savepoint")
 def savepoint(
     words: Annotated[list[str], typer.Argument(metavar="JOB NAME | delete JOB NAME")],

@@ -83,6 +83,7 @@ class _Source:
     stages: dict[str, int]
     operators: dict[str, Any]  # stage -> the driver's `state-metadata` rows
     sinks: dict[str, Any]  # stage -> its sink's description, as the driver recorded it
+    plans: dict[str, Any]  # stage -> its stateful plan, as the driver recorded it
 
 
 def _source(settings: Settings, job_name: str, name: str, mode: str) -> _Source:
@@ -98,13 +99,13 @@ def _source(settings: Settings, job_name: str, name: str, mode: str) -> _Source:
                                   f"the job is {state}, and a {mode} savepoint needs it "
                                   + ("stopped at a batch boundary" if mode == "stop" else "running"), how)
         root, run_id, version, code = Path(run.checkpoint_root), run.id, run.spark_version, job.code
-        operators, sinks = dict(run.operators or {}), dict(run.sinks or {})
+        operators, sinks, plans = dict(run.operators or {}), dict(run.sinks or {}), dict(run.plans or {})
     stages = {name: checkpoints.last_commit(root / name) for name in checkpoints.stage_names(root)}
     committed = {stage: batch for stage, batch in stages.items() if batch is not None}
     if not committed:
         raise ChangeoverError(f"savepoint {name!r} of job {job_name}", "the job has no committed batch yet",
                               "let it run until it commits a batch, then take the savepoint")
-    return _Source(root, run_id, version, code, committed, operators, sinks)
+    return _Source(root, run_id, version, code, committed, operators, sinks, plans)
 
 
 def _check_space(settings: Settings, source: _Source, store: Path, link: bool, name: str) -> None:
@@ -204,6 +205,7 @@ def take(
                                                 checkpoints.stateful_operators(staging / "stages" / stage)),
                 "replay_through": checkpoints.last_offsets(staging / "stages" / stage),
                 "sink": source.sinks.get(stage),
+                "plan": source.plans.get(stage),
                 "sink_batch": sink_batches.get(stage),
             }
             for stage, batch in source.stages.items()

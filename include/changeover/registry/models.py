@@ -93,6 +93,7 @@ class JobRun(Base):
     # stage -> rows of Spark's `state-metadata` reader, as the driver read them
     operators: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     sinks: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # stage -> its sink's description
+    plans: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # stage -> its stateful plan (changeover.compat)
     submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime | None]
     first_commit_at: Mapped[datetime | None]

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 
 from changeover import audit, checkpoints, lease
+from changeover.compat import plan
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.runtime.contract import JobContext, Stage
@@ -114,6 +115,17 @@ class Driver:
             assert run is not None
             run.operators = {**(run.operators or {}), **found}
 
+    def describe(self, spark: Any, stages: list[Stage]) -> dict[str, Any] | None:
+        """The stages' stateful plans for later savepoints' manifests. A plan Changeover cannot read costs the
+        compatibility check detail (it falls back to the state schemas), never the job."""
+        if spark is None:
+            return None
+        try:
+            return plan.describe_stages(spark, stages)
+        except Exception as exc:  # noqa: BLE001 - py4j surfaces JVM errors of any kind
+            log.warning("job %s run %s: its stage plans were not recorded (%s)", self.job, self.run_id, exc)
+            return None
+
     def stop_failed(self, wanted: str) -> None:
         """Past the hard deadline a trigger was still active: the stop is withdrawn and the job runs on."""
         with session_scope(self.url) as s:
@@ -139,7 +151,8 @@ class Driver:
             (checkpoint_root / orphan).rename(checkpoint_root / f".dropped-{orphan}")
         queries = StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id)
         seen = queries.committed()
-        self.report(seen, committed=False, sinks={s.name: s.sink.describe() for s in stages})
+        self.report(seen, committed=False, sinks={s.name: s.sink.describe() for s in stages},
+                    plans=self.describe(spark, stages))
         # A sink Changeover cannot fence: claim the job before the first write, so the run this one replaces
         # can no longer reclaim it and write the same batches again.
         took_over = False
