@@ -348,3 +348,18 @@ def test_a_rocksdb_aggregation_restarts_from_its_pruned_copy(spark: Any, tmp_pat
     assert sorted(resumed) == list(range(N + 1, PHASES[-1][-1] + 1))
     assert resumed == expected
     assert (7, N + 2) in resumed[N + 1]  # key 7 is in every batch: its count carries the state of batch N
+
+
+def test_a_planned_batch_keeps_its_source_log_entry_also_when_the_log_compacted_it(tmp_path: Path) -> None:
+    """Spark's file source writes every 10th log entry as <batch>.compact. A savepoint at batch 8 with batch 9
+    planned must keep sources/0/9.compact beside offsets/9, or the restored query fails replaying batch 9 with
+    "batch 9 doesn't exist" (seen in CI)."""
+    source, target = tmp_path / "stage", tmp_path / "copy"
+    for folder, names in {"offsets": range(10), "commits": range(9), "sources/0": range(9)}.items():
+        (source / folder).mkdir(parents=True)
+        for n in names:
+            (source / folder / str(n)).write_text("v1\n{}\n")
+    (source / "sources" / "0" / "9.compact").write_text("v1\n{}\n")
+    kept = {*checkpoints.snapshot_stage(source, target, 8).files,
+            *checkpoints.snapshot_pending(source, target, 8).files}
+    assert {"offsets/9", "sources/0/9.compact"} <= kept and "commits/9" not in kept

@@ -125,8 +125,9 @@ def snapshot_pending(source: Path, target: Path, batch: int, prefix: str = "") -
     recognises it; without them a new plan would give the same batch id other data."""
     stats = CopyStats()
     planned = [os.path.join("offsets", str(batch + 1))]
-    if (source / "sources").is_dir():
-        planned += [os.path.join("sources", d.name, str(batch + 1)) for d in (source / "sources").iterdir()]
+    if (source / "sources").is_dir():  # a file source compacts its log: every 10th entry is <batch>.compact
+        planned += [os.path.join("sources", d.name, f"{batch + 1}{suffix}") for d in (source / "sources").iterdir()
+                    for suffix in ("", ".compact")]
     for relative in planned:
         folder, name = os.path.split(relative)
         for each in (relative, os.path.join(folder, f".{name}.crc")):

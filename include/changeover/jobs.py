@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from changeover import audit, checkpoints, lease, routing
 from changeover.cluster import Membership, wait_for
+from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
 from changeover.registry.db import lock_row, session_scope
@@ -82,9 +83,13 @@ def submit(
         continues = previous if previous is not None and job.entry == "build" else None
     version = routing.target_version(settings)
     if from_savepoint:
-        from changeover.savepoints import restore  # local import: savepoints imports this module
+        from changeover.savepoints import get_savepoint, restore  # local: savepoints imports this module
 
         source_job, _, savepoint = from_savepoint.rpartition("/")
+        with session_scope(settings.database_url) as s:
+            written_by = get_savepoint(s, source_job or name, savepoint).spark_version
+        require_resumable(written_by, version, f"resume of job {name} from savepoint {from_savepoint} on Spark "
+                                               f"{version}")
         root = restore(settings, name, savepoint, source_job=source_job or name, rename=rename_stages,
                        rewind_sink=rewind_sink, accept_duplicates=accept_duplicates)
         return launch(settings, membership, name, version, root, from_savepoint, allow_non_restored_state)

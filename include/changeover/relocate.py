@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from changeover import jobs, savepoints
 from changeover.cluster import Membership
+from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.settings import Settings
@@ -34,6 +35,7 @@ def step(
         raise ChangeoverError(f"move of job {job_name}", "a user stopped it with a savepoint",
                               f"resume it yourself with `changeover submit {job_name} --from-savepoint NAME`")
     if run.state in jobs.LIVE:
+        require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
         savepoints.request_stop(settings, job_name, reason, move=True)
         return False
     if run.state == "STOPPED":

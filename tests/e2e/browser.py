@@ -33,6 +33,8 @@ from playwright.sync_api import Locator, Page, Response, ViewportSize, expect, s
 
 #: Default timeout of one UI step (page load, a widget showing up, the POST answering), in ms.
 STEP_TIMEOUT_MS = 60_000
+# expect() waits on its own 5 s default, which a page still loading on a busy 2-core machine outlasted in CI.
+expect.set_options(timeout=STEP_TIMEOUT_MS)
 #: Dag run states after which nothing changes any more.
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
 #: Tall enough that the trigger dialog, with a handful of params, fits on one screenshot.

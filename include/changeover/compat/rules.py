@@ -79,6 +79,10 @@ RULES = _rules(
     Rule("CO-MODE-01", W, "the output mode changed", "check that the sink and the operators support the new mode"),
     Rule("CO-PLAN-01", W, "the savepoint predates plan recording: windows, joins, sources and sinks went unchecked",
          "take a new savepoint of the running job and check against it"),
+    Rule("CO-VER-01", X, "the target Spark version cannot resume state the savepoint's version wrote (measured)",
+         "resume on the savepoint's version, or on one the version table in the README marks yes"),
+    Rule("CO-VER-02", W, "this pair of Spark versions is not in the measured version table",
+         "measure it: python -m changeover.compat.version_table"),
     Rule("CO-CONF-01", W, "spark.sql.shuffle.partitions changed",
          "nothing required: a restored stateful stage keeps its checkpoint's partitions; the new value applies "
          "to new stages only"),

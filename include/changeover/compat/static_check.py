@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from changeover import audit, savepoints
+from changeover.compat import version_table
 from changeover.compat.checker import Report, check
 from changeover.compat.extract import stage_plans
 from changeover.jobs import get_job
@@ -24,8 +25,16 @@ def check_code(settings: Settings, code: str, savepoint: str, target_version: st
     manifest = savepoints.verify(Path(path))
     plans = stage_plans(settings, job_name, code, {**job_options, **(options or {})}, target_version or version)
     report = check(job_name, savepoint, manifest["stages"], plans, renames)
+    target = target_version or version
+    if target != version:
+        measured = version_table.cell(version, target)
+        if measured is None:
+            report.add("CO-VER-02", "(every stage)", f"Spark {version} to {target}")
+        elif measured["outcome"] != "ok":
+            report.add("CO-VER-01", "(every stage)", f"Spark {version} to {target}: {measured['outcome']}, "
+                                                     f"{measured['reason']}")
     with session_scope(settings.database_url) as s:
         audit.record(s, "job.check", "job", job_name, outcome=report.verdict.name.lower(), code=code,
-                     savepoint=savepoint, version=target_version or version,
+                     savepoint=savepoint, version=target,
                      rules=sorted({f.rule for f in report.findings}))
     return report
