@@ -144,10 +144,14 @@ def test_changed_shuffle_partitions_warn_that_the_checkpoint_keeps_its_own(base:
     assert report.verdict == Verdict.COMPATIBLE_WITH_WARNING
 
 
-def test_changeover_check_runs_in_the_runtime_and_exits_with_the_verdict(base: Base, tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'registry.db'}"
+@pytest.fixture(scope="module")
+def registry(base: Base, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """A registry with job `matrix` (the variant count_to_sum as its new code's options) whose run is the base
+    job's checkpoint, and its savepoint `before-update`."""
+    home = tmp_path_factory.mktemp("registry")
+    url = f"sqlite:///{home / 'registry.db'}"
     migrate(url)
-    settings = Settings.from_env(home=tmp_path / "home", database_url=url)
+    settings = Settings.from_env(home=home / "home", database_url=url)
     with session_scope(url) as s:
         s.add(Job(name="matrix", module="variants", fault_tolerant=True, block_shutdown=False,
                   options={"input": str(base.folder), "variant": "count_to_sum",
@@ -160,7 +164,11 @@ def test_changeover_check_runs_in_the_runtime_and_exits_with_the_verdict(base: B
         s.flush()
         s.get(Job, "matrix").current_run_id = run.id
     savepoints.take(settings, "matrix", "before-update", mode="continue")
-    env = {**os.environ, **settings.as_env()}
+    return settings
+
+
+def test_changeover_check_runs_in_the_runtime_and_exits_with_the_verdict(registry: Settings) -> None:
+    env = {**os.environ, **registry.as_env()}
     command = [sys.executable, "-m", "changeover", "check", str(VARIANTS), "--savepoint", "matrix/before-update"]
     result = subprocess.run([*command, "--json"], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == int(Verdict.INCOMPATIBLE), result.stderr[-2000:]
@@ -169,6 +177,54 @@ def test_changeover_check_runs_in_the_runtime_and_exits_with_the_verdict(base: B
     assert [f["rule"] for f in report["findings"]] == ["CO-AGG-01"]
     shown = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300).stdout
     assert "CO-AGG-01 job matrix, stage totals, operator 0" in shown and "accumulators were count, now sum" in shown
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*") if p.is_file()}
+
+
+def test_the_dry_run_replays_a_saved_batch_on_the_runtime_and_touches_nothing(base: Base,
+                                                                              registry: Settings) -> None:
+    """Spark 4.2.0 itself refuses count -> sum when the batch is replayed; the compatible code replays each
+    stateful stage's last saved batch with its rows. The live checkpoint and the savepoint are left as they
+    were, and the scratch copies are gone."""
+    from changeover.compat.static_check import check_code
+
+    with session_scope(registry.database_url) as s:
+        saved = Path(savepoints.get_savepoint(s, "matrix", "before-update").path)
+    before = (_files(base.checkpoints), _files(saved))
+    env = {**os.environ, **registry.as_env()}
+    result = subprocess.run([sys.executable, "-m", "changeover", "check", str(VARIANTS), "--savepoint",
+                             "matrix/before-update", "--dry-run", "--json"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == int(Verdict.INCOMPATIBLE), result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    found = {(f["rule"], f["stage"]) for f in report["findings"]}
+    assert found == {("CO-AGG-01", "totals"), ("CO-VAL-01", "totals")}, report
+    (spark_said,) = [f["detail"] for f in report["findings"] if f["rule"] == "CO-VAL-01"]
+    assert "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE" in spark_said and "refused batch 0" in spark_said
+
+    compatible = check_code(registry, str(VARIANTS), "matrix/before-update", options={"variant": "filter_added"},
+                            dry_run=True)
+    assert compatible.verdict == Verdict.COMPATIBLE, compatible.render()
+    replayed = compatible.dry_run or {}
+    assert set(replayed) == {"totals", "windows", "unique", "cleaned"}, replayed  # every stage that committed
+    assert replayed["totals"] == {"batch": 0, "input_rows": 12, "batches": [0]}, replayed
+    # windows' last batch was a no-data batch after batch 0: replayed from state version 1, and nothing after it
+    assert replayed["windows"] == {"batch": 1, "input_rows": 0, "batches": [1]}, replayed
+    assert "dry run: stage totals replayed batch 0 (12 input rows)" in compatible.render()
+    assert (_files(base.checkpoints), _files(saved)) == before
+    assert not any((registry.home / "scratch").iterdir())
+
+
+def test_strict_mode_refuses_generated_stage_names(base: Base) -> None:
+    plans = plans_of(base.spark, base.folder, "base")
+    renamed = {"stage_0" if name == "cleaned" else name: plan for name, plan in plans.items()}
+    assert check("matrix", "matrix/base", base.saved, renamed).verdict == Verdict.COMPATIBLE
+    report = check("matrix", "matrix/base", base.saved, renamed, strict=True)
+    assert [(f.rule, f.stage) for f in report.findings if f.verdict == Verdict.INCOMPATIBLE] == [
+        ("CO-STRICT-01", "stage_0")], report.render()
 
 
 CONFIRMED = [(variant, renames) for variant, renames, verdict, _ in MATRIX

@@ -75,20 +75,20 @@ def materialise(source: str | Path, target: str | Path, *, link: bool = True) ->
                 os.link(source, target)
                 return "linked"
             except FileNotFoundError:
-                parent = os.path.dirname(target)
-                if not os.path.isdir(parent):
-                    os.makedirs(parent, exist_ok=True)
-                    return materialise(source, target, link=link)
                 raise
             except OSError as exc:
                 if exc.errno not in _CROSS_DEVICE:
                     raise
         shutil.copy2(source, target)
         return "copied"
-    except FileNotFoundError:
-        if os.path.exists(source):
+    except FileNotFoundError:  # the source vanished, or the target's folder is not there yet
+        if not os.path.exists(source):
+            return None
+        parent = os.path.dirname(target)
+        if os.path.isdir(parent):
             raise
-        return None
+        os.makedirs(parent, exist_ok=True)
+        return materialise(source, target, link=link)
 
 
 def snapshot_stage(source: Path, target: Path, batch: int, *, link: bool = True, prefix: str = "") -> CopyStats:
@@ -119,7 +119,7 @@ def snapshot_stage(source: Path, target: Path, batch: int, *, link: bool = True,
     return stats
 
 
-def snapshot_pending(source: Path, target: Path, batch: int, prefix: str = "") -> CopyStats:
+def snapshot_pending(source: Path, target: Path, batch: int, prefix: str = "", *, link: bool = True) -> CopyStats:
     """The batch Spark planned after `batch`, if it wrote its offsets: the offset entry and the source log
     entries. Restored, Spark replays that batch with exactly those offsets, so a sink that already has it
     recognises it; without them a new plan would give the same batch id other data."""
@@ -131,7 +131,7 @@ def snapshot_pending(source: Path, target: Path, batch: int, prefix: str = "") -
     for relative in planned:
         folder, name = os.path.split(relative)
         for each in (relative, os.path.join(folder, f".{name}.crc")):
-            if (source / each).exists() and materialise(source / each, target / each) is not None:
+            if (source / each).exists() and materialise(source / each, target / each, link=link) is not None:
                 stats.files[prefix + each] = os.stat(target / each)
     return stats
 

@@ -170,13 +170,20 @@ def check(
         "--target-version", help="The Spark version to resume on (default: the savepoint's).")] = None,
     rename_stage: Annotated[list[str] | None, typer.Option(
         "--rename-stage", help="OLD=NEW: the savepoint's stage OLD is the code's stage NEW.")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Also replay a batch of each restored stage on the target runtime, from scratch "
+                          "copies of the savepoint, with the sink's writes suppressed.")] = False,
+    dry_run_timeout: Annotated[float, typer.Option(help="Seconds each replayed batch may take.")] = 180,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Refuse stage names that look generated (stage_0, a hex id) rather than chosen.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Compare new code with a savepoint, before anything running is touched. Exit code: 0 COMPATIBLE,
     10 COMPATIBLE_WITH_WARNING, 20 NEEDS_DISCARD, 30 INCOMPATIBLE (2: the check itself could not run)."""
     from changeover.compat.static_check import check_code
 
-    report = check_code(_settings(), code, savepoint, target_version, _pairs(rename_stage, "--rename-stage"))
+    report = check_code(_settings(), code, savepoint, target_version, _pairs(rename_stage, "--rename-stage"),
+                        dry_run=dry_run, strict=strict, dry_run_timeout=dry_run_timeout)
     if as_json:
         print(json.dumps(report.as_dict(), indent=2))
     else:

@@ -9,6 +9,7 @@ import argparse
 import importlib
 import json
 import sys
+from typing import Any
 
 from changeover.compat.plan import describe_stages
 from changeover.runtime.contract import JobContext
@@ -16,23 +17,35 @@ from changeover.runtime.contract import JobContext
 MARKER = "CHANGEOVER-PLANS "
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def job_arguments(description: str | None) -> argparse.ArgumentParser:
+    """The arguments every runtime-side entry takes: the job, its module, its options and Spark confs."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--job", required=True)
     parser.add_argument("--module", required=True)
     parser.add_argument("--options", default="{}", help="the job's options as JSON")
     parser.add_argument("--conf", action="append", default=[], help="a Spark conf as key=value")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def local_session(app_name: str, confs: list[str], master: str = "local[1]") -> Any:
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master("local[1]").appName(f"changeover-check-{args.job}")
-    for pair in ["spark.ui.enabled=false", "spark.sql.session.timeZone=UTC", *args.conf]:
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for pair in ["spark.ui.enabled=false", "spark.sql.session.timeZone=UTC", *confs]:
         key, _, value = pair.partition("=")
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    return builder.getOrCreate()
+
+
+def build_stages(spark: Any, args: argparse.Namespace) -> list[Any]:
+    return importlib.import_module(args.module).build(spark, JobContext(args.job, 0, json.loads(args.options)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = job_arguments(__doc__).parse_args(argv)
+    spark = local_session(f"changeover-check-{args.job}", args.conf)
     try:
-        stages = importlib.import_module(args.module).build(spark, JobContext(args.job, 0, json.loads(args.options)))
-        print(MARKER + json.dumps(describe_stages(spark, stages)), flush=True)
+        print(MARKER + json.dumps(describe_stages(spark, build_stages(spark, args))), flush=True)
         return 0
     finally:
         spark.stop()

@@ -86,4 +86,11 @@ RULES = _rules(
     Rule("CO-CONF-01", W, "spark.sql.shuffle.partitions changed",
          "nothing required: a restored stateful stage keeps its checkpoint's partitions; the new value applies "
          "to new stages only"),
+    Rule("CO-DRY-01", X, "the new code failed on a batch replayed from a copy of the savepoint (dry run)",
+         "read Spark's error above, fix the code or pick another target version, and check again; the running "
+         "job was not touched"),
+    Rule("CO-DRY-02", W, "the dry run replayed no batch of the stage within its deadline",
+         "check again with a longer --dry-run-timeout on a less busy machine; the static check still stands"),
+    Rule("CO-STRICT-01", X, "strict mode: the stage's name looks generated, not chosen",
+         "give the stage an explicit, stable name in build(): its state is found by that name"),
 )

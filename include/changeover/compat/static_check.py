@@ -1,4 +1,8 @@
-"""`changeover check`: a job's new code against one of its savepoints, before the running job is touched."""
+"""`changeover check`: a job's new code against one of its savepoints, before the running job is touched.
+
+The static check compares stage plans with the savepoint's manifest; the dry run then replays a batch of
+each restored stage on the target runtime, from scratch copies (`changeover.compat.dry_run`).
+"""
 
 from __future__ import annotations
 
@@ -8,24 +12,31 @@ from typing import Any
 from changeover import audit, savepoints
 from changeover.compat import version_table
 from changeover.compat.checker import Report, check
-from changeover.compat.extract import stage_plans
+from changeover.compat.dry_run import dry_run as replay_on
+from changeover.compat.extract import describe_stages_of, shipped_code
 from changeover.jobs import get_job
 from changeover.registry.db import session_scope
 from changeover.settings import Settings
+from changeover.shipping import JobCode
 
 
-def check_code(settings: Settings, code: str, savepoint: str, target_version: str | None = None,
-               renames: dict[str, str] | None = None, options: dict[str, Any] | None = None) -> Report:
-    """`savepoint` is JOB/NAME. The new code is built with the job's options unless others are given."""
+def check_code(settings: Settings, code: str | None, savepoint: str, target_version: str | None = None,
+               renames: dict[str, str] | None = None, options: dict[str, Any] | None = None, *,
+               dry_run: bool = False, strict: bool = False, dry_run_timeout: float = 180) -> Report:
+    """`savepoint` is JOB/NAME; `code` None means the job's own code (a version upgrade). The new code is built
+    with the job's options unless others are given."""
     job_name, _, name = savepoint.partition("/")
     with session_scope(settings.database_url) as s:
         job = get_job(s, job_name)
         row = savepoints.get_savepoint(s, job_name, name)
-        path, version, job_options = row.path, row.spark_version, dict(job.options or {})
-    manifest = savepoints.verify(Path(path))
-    plans = stage_plans(settings, job_name, code, {**job_options, **(options or {})}, target_version or version)
-    report = check(job_name, savepoint, manifest["stages"], plans, renames)
+        path, version, job_options = Path(row.path), row.spark_version, dict(job.options or {})
+        shipped = (shipped_code(settings, job_name, code) if code is not None
+                   else JobCode(job.module, job.entry, Path(job.code or "")))
+    manifest = savepoints.verify(path)
     target = target_version or version
+    options = {**job_options, **(options or {})}
+    plans = describe_stages_of(settings, job_name, shipped, options, target)
+    report = check(job_name, savepoint, manifest["stages"], plans, renames, strict=strict)
     if target != version:
         measured = version_table.cell(version, target)
         if measured is None:
@@ -33,8 +44,15 @@ def check_code(settings: Settings, code: str, savepoint: str, target_version: st
         elif measured["outcome"] != "ok":
             report.add("CO-VER-01", "(every stage)", f"Spark {version} to {target}: {measured['outcome']}, "
                                                      f"{measured['reason']}")
+    replayed: dict[str, Any] = {}
+    if dry_run:
+        renames = dict(renames or {})
+        kept = [stage for stage in manifest["stages"] if renames.get(stage, stage) in plans]
+        replayed = replay_on(settings, report, shipped, path, kept, target, options, renames, dry_run_timeout)
+        report.dry_run = replayed
     with session_scope(settings.database_url) as s:
-        audit.record(s, "job.check", "job", job_name, outcome=report.verdict.name.lower(), code=code,
-                     savepoint=savepoint, version=target,
+        audit.record(s, "job.check", "job", job_name, outcome=report.verdict.name.lower(),
+                     code=code or "(its own)", savepoint=savepoint, version=target, dry_run=dry_run,
+                     replayed={stage: r.get("batch") for stage, r in replayed.items() if isinstance(r, dict)},
                      rules=sorted({f.rule for f in report.findings}))
     return report
