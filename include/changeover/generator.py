@@ -30,12 +30,13 @@ class Generator:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def write_file(self) -> None:
+    def write_file(self, keys: list[str] | None = None) -> None:
+        """The next file: events_per_file events of random keys, or one event of each of `keys`."""
         self.landing.mkdir(parents=True, exist_ok=True)
         base = EPOCH + timedelta(seconds=self.files)
         lines = []
-        for i in range(self.events_per_file):
-            key = self.random.choice(KEYS)
+        for i, chosen in enumerate(keys or [None] * self.events_per_file):
+            key = chosen or self.random.choice(KEYS)
             ts = base + timedelta(milliseconds=self.random.randrange(1000))
             lines.append(json.dumps({"key": key, "ts": ts.isoformat(), "seq": self.files * 1000 + i}))
             self.truth[key] += 1

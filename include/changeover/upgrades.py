@@ -81,6 +81,12 @@ def release(settings: Settings, upgrade_key: str, outcome: str, reason: str, mis
         return True
 
 
+def status(settings: Settings, upgrade_key: str) -> str | None:
+    """RUNNING, SUCCEEDED or FAILED; None for an upgrade that never began (its preflight did not get the lock)."""
+    with session_scope(settings.database_url) as s:
+        return s.scalar(select(UpgradeRun.status).where(UpgradeRun.key == upgrade_key))
+
+
 def list_upgrades(settings: Settings) -> list[dict[str, Any]]:
     with session_scope(settings.database_url) as s:
         return [{"key": r.key, "target_version": r.target_version, "status": r.status, "actor": r.actor or "",

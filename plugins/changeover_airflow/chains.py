@@ -1,4 +1,4 @@
-"""The task chain every upgrade DAG runs: preflight >> roll >> rebalance >> verify >> finish."""
+"""The task chain every upgrade DAG runs: preflight >> compatibility >> roll >> rebalance >> verify >> finish."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from changeover.runtimes import SUPPORTED_VERSIONS, installed_versions
 from changeover.settings import Settings
 
 from changeover_airflow.operators import (
+    CompatibilityCheckOperator,
     FinishUpgradeOperator,
     PreflightOperator,
     RebalanceJobsOperator,
@@ -45,6 +46,9 @@ def upgrade_chain(
     target = "{{ params.target_version }}"
     tasks = [
         PreflightOperator(task_id="preflight", target_version=target, members=members, marked_only=marked_only),
+        # every running fault-tolerant job replays a batch on the target runtime before any member is drained
+        CompatibilityCheckOperator(task_id="compatibility", target_version=target, upgrade_step=True,
+                                   savepoint_name="upgrade-check-{{ run_id | replace(':', '') | replace('+', '') }}"),
         RollingUpgradeOperator(task_id="roll", shutdown_timeout="{{ params.shutdown_timeout }}", window=window,
                                drain_needs_seconds=drain_needs_seconds),
         RebalanceJobsOperator(task_id="rebalance"),

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
-from changeover import jobs, maintenance, roll, savepoints, upgrade, upgrades, verify
+from changeover import jobs, maintenance, roll, savepoints, update, upgrade, upgrades, verify
 from changeover.cluster import LocalCluster
 from changeover.settings import Settings
 from changeover.windows import DrainWindow
@@ -81,6 +81,7 @@ class PreflightOperator(ChangeoverOperator):
         if self.marked_only:
             requested = maintenance.marked(settings)
             if not requested:
+                context["ti"].xcom_push(key="skipped", value="no member is marked for maintenance")
                 raise AirflowSkipException("no member is marked for maintenance: "
                                            "mark one with `changeover maintenance mark MEMBER`")
         plan = verify.preflight(settings, cluster, self.target_version, requested,
@@ -178,7 +179,8 @@ class VerifyUpgradeOperator(ChangeoverOperator):
 
 
 class FinishUpgradeOperator(ChangeoverOperator):
-    """Runs whatever happened upstream: an upgrade not verified by now ended FAILED, and its lock is freed."""
+    """Runs whatever happened upstream: an upgrade not verified by now ends FAILED, its lock is freed, and the
+    task fails, so that the run does too."""
 
     upgrade_step = True
 
@@ -186,9 +188,16 @@ class FinishUpgradeOperator(ChangeoverOperator):
         settings, _ = self._setup(context)
         if context["params"].get("dry_run"):
             return
-        if upgrades.release(settings, upgrade_key(context), "FAILED", "the run ended before verify succeeded",
-                          missing_ok=True):
-            self.log.warning("upgrade %s ended FAILED: its lock is released", upgrade_key(context))
+        from airflow.sdk.exceptions import AirflowFailException
+
+        key = upgrade_key(context)
+        released = upgrades.release(settings, key, "FAILED", "the run ended before verify succeeded", missing_ok=True)
+        if context["ti"].xcom_pull(task_ids="preflight", key="skipped"):
+            return  # nothing to upgrade this time: no upgrade began
+        if upgrades.status(settings, key) != "SUCCEEDED":
+            # the run's only leaf: failing here is what shows the run as failed in the UI
+            raise AirflowFailException(f"upgrade {key} did not succeed" + ("; its lock is released" if released
+                                       else "") + ". Read the failed task's log for the reason")
 
 
 SAVEPOINTS_ASSET = Asset(name="changeover_savepoints", uri="changeover://savepoints")
@@ -266,3 +275,175 @@ class SavepointMaintenanceOperator(ChangeoverOperator):
         removed = savepoints.reconcile(settings)
         self.log.info("retention deleted %s; reconcile removed %s", deleted, removed)
         return {"deleted": deleted, "reconciled": removed}
+
+
+def _bool(value: Any) -> bool:
+    """A templated flag: a native bool, or its rendering as text."""
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
+
+
+class CompatibilityCheckOperator(ChangeoverOperator):
+    """Checks jobs against a fresh `continue` savepoint before anything running is touched: the static check,
+    and with `dry_run` a batch of each stage replayed on the target runtime from scratch copies.
+
+    `job` None checks every live fault-tolerant job on its own code (a version upgrade's preflight); with `code`
+    it checks that job's new code. The reports go to XCom (key `reports`, and `old_code` for a code update); a
+    job that would break fails the task, with the whole report in its log, and is not retried.
+    """
+
+    template_fields: Sequence[str] = ("job", "code", "target_version", "savepoint_name", "rename_stages", "dry_run",
+                                      "strict", "allow_non_restored_state")
+
+    def __init__(self, *, savepoint_name: str, job: str | None = None, code: str | None = None,
+                 target_version: str | None = None, rename_stages: Any = None, dry_run: Any = True,
+                 strict: Any = False, allow_non_restored_state: Any = False, upgrade_step: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job, self.code, self.target_version = job, code, target_version
+        self.savepoint_name = savepoint_name
+        self.rename_stages = rename_stages
+        self.dry_run, self.strict, self.allow_non_restored_state = dry_run, strict, allow_non_restored_state
+        self.upgrade_step = upgrade_step
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        settings, cluster = self._setup(context)
+        job = str(self.job) if self.job else None
+        if job and self.code:  # a code update: what to roll back to, and the new code shipped once, as checked
+            context["ti"].xcom_push(key="old_code", value=update.current_code(settings, job))
+            context["ti"].xcom_push(key="new_code", value=update.ship(settings, job, str(self.code)))
+        reports: dict[str, Any] = {}
+        refused: list[str] = []
+        for name in [job] if job else jobs.fault_tolerant_jobs(settings):
+            if job is None and (reason := update.not_checkable(settings, cluster, name)):
+                self.log.info("job %s is not checked: %s", name, reason)  # an upgrade moves only running state
+                continue
+            report = update.check(settings, name, str(self.code) if self.code else None, self.savepoint_name,
+                                  self.rename_stages or {}, dry_run=_bool(self.dry_run), strict=_bool(self.strict),
+                                  target_version=self.target_version or None)
+            passed = report.passes(_bool(self.allow_non_restored_state))
+            for line in report.render().splitlines():
+                (self.log.info if passed else self.log.error)("%s", line)
+            reports[name] = report.as_dict()
+            if not passed:
+                refused.append(report.render())
+        context["ti"].xcom_push(key="reports", value=reports)
+        if refused:
+            raise AirflowFailException("the change would break these jobs; nothing was stopped:\n" + "\n".join(refused))
+        return reports
+
+
+class ResumeWithCodeOperator(ChangeoverOperator):
+    """Resumes a stopped job from its savepoint on new code. A retry finds the run it launched and returns it."""
+
+    template_fields: Sequence[str] = ("job", "code", "savepoint_name", "rename_stages", "allow_non_restored_state")
+
+    def __init__(self, *, job: str, code: Any, savepoint_name: str, rename_stages: Any = None,
+                 allow_non_restored_state: Any = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job, self.code, self.savepoint_name = job, code, savepoint_name
+        self.rename_stages, self.allow_non_restored_state = rename_stages, allow_non_restored_state
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        settings, cluster = self._setup(context)
+        run = update.resume_with(settings, cluster, str(self.job), self.code, self.savepoint_name,
+                                 renames=self.rename_stages or {},
+                                 allow_non_restored_state=_bool(self.allow_non_restored_state))
+        return {"job": self.job, "run": run.id, "spark_version": run.spark_version, "from": run.from_savepoint}
+
+
+class StabilityGateOperator(ChangeoverOperator):
+    """Passes once the job's run has committed `batches` batches in every stage since its savepoint, without a
+    failure, with its last commit younger than `max_lag_seconds`; fails, not retried, past `gate_timeout`."""
+
+    template_fields: Sequence[str] = ("job", "savepoint_name", "batches", "max_lag_seconds", "gate_timeout",
+                                      "rename_stages")
+
+    def __init__(self, *, job: str, savepoint_name: str, batches: Any = 5, max_lag_seconds: Any = 60,
+                 gate_timeout: Any = 300, rename_stages: Any = None, poll_interval: float = 2.0,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job, self.savepoint_name = job, savepoint_name
+        self.batches, self.max_lag_seconds, self.gate_timeout = batches, max_lag_seconds, gate_timeout
+        self.rename_stages = rename_stages
+        self.poll_interval = poll_interval
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        import time
+
+        from airflow.sdk.exceptions import AirflowFailException
+
+        settings, cluster = self._setup(context)
+        deadline = time.monotonic() + float(self.gate_timeout)
+        while True:
+            result = update.stability(settings, cluster, str(self.job), self.savepoint_name, int(self.batches),
+                                      float(self.max_lag_seconds), self.rename_stages or {})
+            ended = not result.stable and result.reason.startswith(f"run {result.run} is ")
+            if result.stable or ended or time.monotonic() >= deadline:
+                break
+            time.sleep(self.poll_interval)  # observing a running job: no event to wait on
+        update.record_gate(settings, str(self.job), result)
+        context["ti"].xcom_push(key="stability", value=result.__dict__)
+        if not result.stable:
+            raise AirflowFailException(f"job {self.job} is not stable on its new code: {result.reason}")
+        self.log.info("job %s is stable: %s", self.job, result.reason)
+        return result.__dict__
+
+
+class RollbackJobOperator(ChangeoverOperator):
+    """Runs when a step of the update failed: the old code again from the update's savepoint, its sinks rewound
+    to that batch. A job still on its old code (the check or the stop failed) is left running as it is."""
+
+    template_fields: Sequence[str] = ("job", "savepoint_name")
+
+    def __init__(self, *, job: str, savepoint_name: str, check_task_id: str = "check", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job, self.savepoint_name, self.check_task_id = job, savepoint_name, check_task_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        settings, cluster = self._setup(context)
+        old_code = context["ti"].xcom_pull(task_ids=self.check_task_id, key="old_code")
+        if not old_code:
+            self.log.info("the check never read job %s's code: nothing was changed", self.job)
+            return {"rolled_back": False}
+        gate = context["ti"].xcom_pull(task_ids="gate", key="stability")
+        why = (f"the stability gate failed: {gate['reason']}" if gate and not gate.get("stable")
+               else "a step of the update failed before its stability gate")
+        run = update.rollback(settings, cluster, str(self.job), old_code, self.savepoint_name, why=why)
+        if run is None:
+            self.log.info("job %s still runs its old code: nothing to roll back", self.job)
+            return {"rolled_back": False}
+        self.log.warning("job %s rolled back to %s from savepoint %s: run %s", self.job, old_code["code"],
+                         self.savepoint_name, run.id)
+        return {"rolled_back": True, "run": run.id}
+
+
+class UpdateSummaryOperator(ChangeoverOperator):
+    """Whatever happened upstream: the verdicts, the outcome and the job's downtime, in the log and in XCom.
+    The run fails unless the new code is running and stable."""
+
+    template_fields: Sequence[str] = ("job", "savepoint_name")
+
+    def __init__(self, *, job: str, savepoint_name: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job, self.savepoint_name = job, savepoint_name
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        settings, _ = self._setup(context)
+        ti = context["ti"]
+        reports = ti.xcom_pull(task_ids="check", key="reports") or {}
+        stability = ti.xcom_pull(task_ids="gate", key="stability") or {}
+        rolled = ti.xcom_pull(task_ids="rollback") or {}
+        outcome = ("rolled back" if rolled.get("rolled_back") else "updated" if stability.get("stable")
+                   else "stopped at the check" if not ti.xcom_pull(task_ids="resume") else "failed")
+        summary = {"job": self.job, "outcome": outcome,
+                   "verdicts": {job: r["verdict"] for job, r in reports.items()},
+                   "stability": stability.get("reason"),
+                   "downtime_seconds": update.downtime(settings, str(self.job), self.savepoint_name)}
+        self.log.info("update of job %s: %s", self.job, summary)
+        if outcome != "updated":
+            raise AirflowFailException(f"job {self.job} was not updated: {outcome}; {summary}")
+        return summary

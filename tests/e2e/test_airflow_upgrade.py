@@ -136,7 +136,7 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
 
 def test_every_dag_parses_in_the_dag_processor_with_its_schedule(stack: Stack) -> None:
     airflow = stack.airflow
-    for dag_id in ("rolling_upgrade", "drain_window", "savepoint_maintenance", "deferral_race"):
+    for dag_id in ("rolling_upgrade", "update_job", "drain_window", "savepoint_maintenance", "deferral_race"):
         airflow.wait_for_dag(dag_id)
     assert airflow.api("GET", "/importErrors").json()["total_entries"] == 0
     window = airflow.api("GET", "/dags/drain_window/details").json()
@@ -153,15 +153,15 @@ def test_invalid_param_is_refused_with_airflows_message(stack: Stack) -> None:
     assert airflow.api("GET", "/dags/rolling_upgrade/dagRuns").json()["total_entries"] == before
 
 
-def _task_logs(stack: Stack, run_id: str) -> list[Path]:
+def _task_logs(stack: Stack, run_id: str, dag_id: str = "rolling_upgrade") -> list[Path]:
     """The tasks' own logs (attempt=N.log), not their triggers' (attempt=N.log.trigger.M.log)."""
-    folder = stack.airflow.home / "logs" / "dag_id=rolling_upgrade" / f"run_id={run_id}"
+    folder = stack.airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
     return sorted(p for p in folder.rglob("attempt=*.log") if ".trigger." not in p.name)
 
 
-def _task_log_events(stack: Stack, run_id: str) -> list[str]:
+def _task_log_events(stack: Stack, run_id: str, dag_id: str = "rolling_upgrade") -> list[str]:
     events = []
-    for path in _task_logs(stack, run_id):
+    for path in _task_logs(stack, run_id, dag_id):
         for line in path.read_text(errors="replace").splitlines():
             try:
                 record = json.loads(line)
@@ -171,9 +171,9 @@ def _task_log_events(stack: Stack, run_id: str) -> list[str]:
     return events
 
 
-def _task_log_tail(stack: Stack, run_id: str) -> str:
+def _task_log_tail(stack: Stack, run_id: str, dag_id: str = "rolling_upgrade") -> str:
     lines = []
-    for path in _task_logs(stack, run_id):
+    for path in _task_logs(stack, run_id, dag_id):
         for line in path.read_text(errors="replace").splitlines()[-15:]:
             try:
                 lines.append(f"{path.parent.name}/{path.name}: {json.loads(line).get('event')}")
@@ -192,8 +192,8 @@ def test_a_killed_scheduler_leaves_no_job_stopped_and_a_restart_finishes_the_run
     try:
         first = jobs.refresh(stack.settings, stack.cluster, "clicks_outage")
         assert first is not None and first.member is not None
-        order = [first.member, *[m for m in members if m != first.member]]  # the job's member drains first
-        run_id = airflow.trigger("rolling_upgrade", {**CONF, "members": order})
+        # Only the job's member is rolled: the outage is the point, and one member is enough to park the job.
+        run_id = airflow.trigger("rolling_upgrade", {**CONF, "members": [first.member]})
         wait_for(lambda: _parked(stack, "clicks_outage"), 600, "the job parking for its move")
         killed = airflow.kill_component("scheduler")
         assert killed, "no scheduler process was found in Airflow's process group"
@@ -211,7 +211,10 @@ def test_a_killed_scheduler_leaves_no_job_stopped_and_a_restart_finishes_the_run
         assert state == "success", _task_log_tail(stack, run_id)
     finally:
         generator.stop()
-    _assert_rolled(stack, "clicks_outage")
+    assert {(m["name"], m["version"]) for m in stack.cluster.status()["members"] if m["name"] in members} == {
+        (first.member, "4.3.0"), *((m, "4.2.0") for m in members if m != first.member)}
+    run = jobs.refresh(stack.settings, stack.cluster, "clicks_outage")
+    assert run is not None and run.state in jobs.LIVE and run.member != first.member
     _assert_exact(stack, "clicks_outage", generator)
 
 
@@ -243,3 +246,113 @@ def test_the_deferral_race_is_reproduced_and_both_fixes_avoid_it(stack: Stack) -
     scheduler_log = airflow.log.read_text(errors="replace")
     assert "reported that the task instance <TaskInstance: deferral_race.race" in scheduler_log
     assert "reported that the task instance <TaskInstance: deferral_race.settled" not in scheduler_log
+
+
+CLICKS_SOURCE = Path(clicks.__file__).read_text()
+AGGREGATE = '    totals = events.groupBy("key").count()\n'
+# Versions of the demo's job as a team would edit them, each a file of its own outside the checkout.
+EDITS = {
+    # made incompatible with Spark 4.2.1 on purpose: there it sums where the state holds counts
+    "clicks_v1": AGGREGATE.replace("    totals = ", '    totals = events.groupBy("key").agg(F.sum("seq").alias('
+                                   '"count")) if spark.version == "4.2.1" else '),
+    "clicks_filtered": '    events = events.where(F.col("key").isNotNull())\n' + AGGREGATE,
+    "clicks_summed": '    totals = events.groupBy("key").agg(F.sum("seq").alias("count"))\n',
+    "clicks_poisoned": '    events = events.where(F.when(F.col("key") == "poison", F.raise_error(F.lit("poisoned '
+                       'event"))).isNull())\n' + AGGREGATE,
+}
+
+
+def _edit(folder: Path, name: str) -> str:
+    assert AGGREGATE in CLICKS_SOURCE
+    path = folder / f"{name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(CLICKS_SOURCE.replace(AGGREGATE, EDITS[name]))
+    return str(path)
+
+
+def _states(stack: Stack, dag_id: str, run_id: str) -> dict[str, str]:
+    return {t["task_id"]: t["state"] for t in stack.airflow.task_instances(dag_id, run_id)}
+
+
+def _committing_on(stack: Stack, name: str, run_id: int) -> None:
+    """The job's run is still `run_id`, and it commits a batch after now."""
+    with session_scope(stack.settings.database_url) as s:
+        since = s.get(JobRun, run_id).last_commit_at
+    wait_for(lambda: (r := jobs.refresh(stack.settings, stack.cluster, name)) is not None and r.id == run_id
+             and r.state == "RUNNING" and r.last_commit_at is not None and r.last_commit_at != since, 120,
+             f"run {run_id} of job {name} committing again")
+
+
+def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_rolls_back(stack: Stack) -> None:
+    """One member at 4.2.0 and one job on the demo's data, its code edited in files outside the checkout:
+    - rolling_upgrade to 4.2.1, where the job's code sums instead of counting, stops in its compatibility
+      check: no member drained, the job running on;
+    - update_job with count -> sum stops at its check, the job untouched;
+    - update_job with a filter added completes;
+    - update_job with code that fails on a later batch is rolled back to the code before it.
+    The sinks then hold exactly the ground truth."""
+    if stack.kind != "sqlite":
+        pytest.skip("the checks and the update run once, on the embedded default")
+    name, airflow = "clicks_update", stack.airflow
+    edits = stack.settings.home.parent / "team-repo"
+    stack.cluster.up([("u1", "4.2.0")])
+    generator = Generator(stack.settings.data_dir / f"landing-{name}")
+    try:
+        generator.write_file()
+        generator.start(interval=0.5)
+        jobs.submit(stack.settings, stack.cluster, _edit(edits, "clicks_v1"), name,
+                    options={"landing": str(generator.landing), "lease_seconds": LEASE_SECONDS})
+        first = jobs.wait_until_committed(stack.settings, stack.cluster, name)
+
+        upgrade = airflow.trigger("rolling_upgrade", {**CONF, "target_version": "4.2.1", "members": ["u1"]})
+        assert airflow.follow("rolling_upgrade", upgrade, timeout=900) == "failed"
+        assert _states(stack, "rolling_upgrade", upgrade) == {
+            "preflight": "success", "compatibility": "failed", "roll": "upstream_failed",
+            "rebalance": "upstream_failed", "verify": "upstream_failed", "finish": "failed"}
+        logged = "\n".join(_task_log_events(stack, upgrade))
+        assert "CO-AGG-01 job clicks_update, stage totals" in logged and "CO-VAL-01" in logged, logged[-3000:]
+        assert not [e for e in audit.find(stack.settings.database_url, upgrade=f"rolling_upgrade/{upgrade}")
+                    if e.action == "drain.begin"]
+        assert [(m["name"], m["version"], m["status"]) for m in stack.cluster.status()["members"]
+                if m["name"] == "u1"] == [
+            ("u1", "4.2.0", "ACTIVE")]
+        _committing_on(stack, name, first.id)
+
+        # The static check refuses this one; the dry run's confirmation is the rolling upgrade's, above.
+        refused = airflow.trigger("update_job", {"job": name, "code": _edit(edits, "clicks_summed"),
+                                                 "dry_run": False})
+        assert airflow.follow("update_job", refused, timeout=900) == "failed"
+        assert _states(stack, "update_job", refused)["check"] == "failed"
+        assert _states(stack, "update_job", refused)["stop"] == "upstream_failed"
+        said = "\n".join(_task_log_events(stack, refused, "update_job"))
+        assert "[INCOMPATIBLE] CO-AGG-01 job clicks_update, stage totals" in said and "Fix: " in said
+        _committing_on(stack, name, first.id)
+
+        updated = airflow.trigger("update_job", {"job": name, "code": _edit(edits, "clicks_filtered")})
+        assert airflow.follow("update_job", updated, timeout=900) == "success", \
+            _task_log_tail(stack, updated, "update_job")
+        run = jobs.refresh(stack.settings, stack.cluster, name)
+        assert run is not None and run.state == "RUNNING" and run.id != first.id
+        with session_scope(stack.settings.database_url) as s:
+            assert Path(jobs.get_job(s, name).code or "").name == "clicks_filtered.py"
+
+        poisoned = airflow.trigger("update_job", {"job": name, "code": _edit(edits, "clicks_poisoned"),
+                                                  "stable_batches": 20, "dry_run": False})
+        wait_for(lambda: _states(stack, "update_job", poisoned).get("resume") == "success", 900,
+                 "the poisoned code resumed")
+        generator.pause()
+        generator.write_file(keys=["poison"])  # a later batch the new code fails on; the old code counts it
+        generator.resume()
+        assert airflow.follow("update_job", poisoned, timeout=900) == "failed"
+        states = _states(stack, "update_job", poisoned)
+        assert (states["gate"], states["rollback"], states["summary"]) == ("failed", "success", "failed"), states
+        why = [e.details["reason"] for e in audit.find(stack.settings.database_url, job=name)
+               if e.action == "job.rollback"]
+        assert len(why) == 1 and why[0].startswith("the stability gate failed: run "), why
+        with session_scope(stack.settings.database_url) as s:
+            assert Path(jobs.get_job(s, name).code or "").name == "clicks_filtered.py"
+        jobs.wait_until_committed(stack.settings, stack.cluster, name)
+        _assert_exact(stack, name, generator)
+    finally:
+        generator.stop()
+        stack.cluster.down()

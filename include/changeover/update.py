@@ -1,0 +1,219 @@
+"""A job's code update, step by step, each step safe to repeat: check, stop with a savepoint, resume on the
+new code, a stability gate, and a rollback to the old code from the same savepoint."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+
+from changeover import audit, jobs, routing, savepoints
+from changeover.cluster import Membership, wait_for
+from changeover.compat.checker import Report
+from changeover.compat.static_check import check_code
+from changeover.compat.version_table import require_resumable
+from changeover.errors import ChangeoverError
+from changeover.registry.db import lock_row, session_scope
+from changeover.registry.models import Job, JobRun, Savepoint, utcnow
+from changeover.settings import Settings
+from changeover.shipping import JobCode, store_job_code
+from changeover.timeutil import as_utc
+
+Code = str | dict[str, str]  # new code to ship (a path or module), or code already shipped (current_code)
+
+
+def current_code(settings: Settings, job: str) -> dict[str, str]:
+    """The job's shipped code, as a rollback puts it back."""
+    with session_scope(settings.database_url) as s:
+        row = jobs.get_job(s, job)
+        return {"code": row.code or "", "module": row.module, "entry": row.entry}
+
+
+def shipped(settings: Settings, job: str, code: Code) -> JobCode:
+    if isinstance(code, dict):
+        return JobCode(code["module"], code["entry"], Path(code["code"]))
+    return store_job_code(settings, job, code)
+
+
+def ship(settings: Settings, job: str, code: str) -> dict[str, str]:
+    """Freeze new code once, as it is checked: later steps use this artifact, not the path again."""
+    new = store_job_code(settings, job, code)
+    return {"code": str(new.artifact), "module": new.module, "entry": new.entry}
+
+
+def not_checkable(settings: Settings, membership: Membership, job: str) -> str | None:
+    """Why a version upgrade has nothing of this job's to check, if so: no running streaming state."""
+    run = jobs.refresh(settings, membership, job)
+    with session_scope(settings.database_url) as s:
+        entry = jobs.get_job(s, job).entry
+    if entry != "build":
+        return "a batch job keeps no state between runs"
+    if run is None or run.state not in jobs.LIVE:
+        return (f"it is not running ({run.state if run else 'no run'}), so the upgrade moves none of its state; "
+                "check its savepoint with `changeover check` before resuming it")
+    if not any(batch is not None for batch in (run.progress or {}).values()):
+        return "it has committed no batch yet, so it has no state to move"
+    return None
+
+
+def check(settings: Settings, job: str, code: str | None, name: str, renames: dict[str, str] | None = None,
+          dry_run: bool = True, strict: bool = False, target_version: str | None = None) -> Report:
+    """A `continue` savepoint (the same one on a retry), the static check and the dry run against it, on the
+    version the job would resume on, then the savepoint is deleted. The running job is not touched."""
+    savepoints.take(settings, job, name, mode="continue", exist_ok=True)
+    target = target_version or routing.target_version(settings)
+    report = check_code(settings, code, f"{job}/{name}", target, renames, dry_run=dry_run, strict=strict)
+    savepoints.delete(settings, job, name)  # only the check needed it; kept, it would count against retention
+    return report
+
+
+def switch_code(settings: Settings, job_name: str, code: Code, why: str) -> bool:
+    """Point the job at other code for its next launch. False if it already has that code."""
+    new = shipped(settings, job_name, code)
+    with session_scope(settings.database_url) as s:
+        job = lock_row(s, Job, job_name)
+        if job is None:
+            jobs.get_job(s, job_name)  # refuses with the known jobs
+            raise AssertionError("unreachable")
+        run = jobs.current_run(s, job)
+        if run is not None and (run.state in jobs.LIVE or run.parked):
+            raise ChangeoverError(f"code change of job {job_name}", f"its run {run.id} is still {run.state}, and "
+                                  "a running driver keeps the code it started with",
+                                  "stop the job with a savepoint first (the update_job DAG does)")
+        if job.code == str(new.artifact):
+            return False
+        audit.record(s, "job.update_code", "job", job_name, before=job.code, after=str(new.artifact), reason=why)
+        job.module, job.code, job.entry = new.module, str(new.artifact), new.entry
+        return True
+
+
+def resume_with(settings: Settings, membership: Membership, job: str, code: Code, savepoint: str,
+                renames: dict[str, str] | None = None, allow_non_restored_state: bool = False,
+                rewind_sink: bool = False, why: str = "update") -> JobRun:
+    """The job on `code`, resumed from its savepoint. A run launched from that savepoint on that code is
+    returned as it is, whatever its state: a retried task never launches twice. Only a run this update
+    launched (from the same savepoint) is ever replaced, and only once the savepoint is known to be usable."""
+    with session_scope(settings.database_url) as s:
+        row = jobs.get_job(s, job)
+        run = jobs.current_run(s, row)
+        ours = run is not None and run.from_savepoint == savepoint and run.submission_id is not None
+        if ours and row.code == str(shipped(settings, job, code).artifact):
+            assert run is not None
+            s.expunge(run)
+            return run
+        live = run is not None and (run.state in jobs.LIVE or run.parked)
+        if live and not ours:
+            assert run is not None
+            raise ChangeoverError(f"{why} of job {job}", f"its run {run.id} ({run.state}) was started meanwhile, "
+                                  "not by this update", "leave it running, or stop it with a savepoint and start "
+                                  "the update again")
+        saved = savepoints.get_savepoint(s, job, savepoint)
+        path, written_by = Path(saved.path), saved.spark_version
+    savepoints.verify(path)  # before anything is replaced: a corrupted savepoint stops here
+    require_resumable(written_by, routing.target_version(settings), f"{why} of job {job} from {savepoint}")
+    if live:
+        jobs.cancel(settings, membership, job, reason=f"{why}: replaced by a run of other code")
+    switch_code(settings, job, code, why)
+    return jobs.resume(settings, membership, job, savepoint, rename_stages=renames,
+                       allow_non_restored_state=allow_non_restored_state, rewind_sink=rewind_sink)
+
+
+def rollback(settings: Settings, membership: Membership, job: str, old_code: dict[str, str], savepoint: str,
+             why: str) -> JobRun | None:
+    """Back to the old code from the update's savepoint, with the sinks rewound to its batch so that the new
+    code's writes are replaced by the old code's. None when the job never left its old code (the check failed,
+    or the stop was given up); a stop requested but not completed is waited for, then undone by a resume."""
+    with session_scope(settings.database_url) as s:
+        row = jobs.get_job(s, job)
+        run = jobs.current_run(s, row)
+        desired, on_old_code = row.desired, row.code == old_code["code"]
+        live = run is not None and (run.state in jobs.LIVE or run.parked)
+        from_update = run is not None and run.from_savepoint == savepoint
+    if on_old_code and live and from_update:
+        return jobs.refresh(settings, membership, job)  # rolled back by an earlier try
+    if on_old_code and live and desired != "STOP":
+        return None
+    if on_old_code and live:  # the update's stop is under way: let it end at its boundary, then resume
+        wait_for(lambda: (r := jobs.refresh(settings, membership, job)) is None or r.state not in jobs.LIVE,
+                 180, f"job {job} stopping at its batch boundary before its rollback")
+    with session_scope(settings.database_url) as s:
+        taken = s.scalar(select(Savepoint.id).where(Savepoint.job == job, Savepoint.name == savepoint,
+                                                    Savepoint.status == "COMPLETED")) is not None
+        run = jobs.current_run(s, jobs.get_job(s, job))
+        from_update = run is not None and run.from_savepoint == savepoint
+    if taken:
+        run = resume_with(settings, membership, job, old_code, savepoint, rewind_sink=True, why=f"rollback: {why}")
+    elif from_update:
+        raise ChangeoverError(f"rollback of job {job}", f"its update savepoint {savepoint!r} is gone, and its "
+                              "checkpoint now holds the new code's state", f"resume it by hand from an earlier "
+                              f"savepoint: `changeover savepoints --job {job}`, then `changeover submit "
+                              f"{old_code['code']} --name {job} --from-savepoint NAME --rewind-sink`")
+    else:  # stopped before the savepoint was taken: the old code goes on from its own run's checkpoint
+        switch_code(settings, job, old_code, f"rollback: {why}")
+        run = jobs.submit(settings, membership, old_code["code"], job)
+    with session_scope(settings.database_url) as s:
+        audit.record(s, "job.rollback", "job", job, to_code=old_code["code"], run=run.id,
+                     savepoint=savepoint if taken else None, reason=why)
+    return run
+
+
+@dataclass(frozen=True)
+class Stability:
+    stable: bool
+    reason: str
+    run: int
+    batches: int  # committed by the run since its restore, the fewest of its stages
+    lag_seconds: float | None  # age of its last commit
+
+
+def stability(settings: Settings, membership: Membership, job: str, savepoint: str, batches: int,
+              max_lag_seconds: float, renames: dict[str, str] | None = None) -> Stability:
+    """Whether the job's current run has committed `batches` batches in every stage since the savepoint it was
+    resumed from, has not failed, and its last commit is younger than `max_lag_seconds` (it keeps up)."""
+    run = jobs.refresh(settings, membership, job)
+    if run is None:
+        raise ChangeoverError(f"stability of job {job}", "it has no run", "resume it first")
+    with session_scope(settings.database_url) as s:
+        saved = savepoints.get_savepoint(s, job, savepoint).stages or {}
+    start = {(renames or {}).get(stage, stage): batch for stage, batch in saved.items()}
+    progress = run.progress or {}
+    done = min((((progress.get(stage) if progress.get(stage) is not None else -1) - start.get(stage, -1))
+                for stage in progress), default=0)
+    lag = (utcnow() - as_utc(run.last_commit_at)).total_seconds() if run.last_commit_at else None
+    if run.state not in jobs.LIVE:
+        return Stability(False, f"run {run.id} is {run.state}: {gist(run.error)}", run.id, done, lag)
+    if done < batches:
+        return Stability(False, f"{done} of {batches} batches committed", run.id, done, lag)
+    if lag is None or lag > max_lag_seconds:
+        return Stability(False, f"its last commit is {lag or 0:.0f} s old, over {max_lag_seconds:.0f} s", run.id,
+                         done, lag)
+    return Stability(True, f"{done} batches committed, the last {lag:.1f} s ago", run.id, done, lag)
+
+
+def gist(error: str | None) -> str:
+    """The line of a driver's error that says what went wrong: Spark's error class and message, if it has one."""
+    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
+    if not lines:
+        return "no error recorded"
+    classed = [line for line in lines if re.search(r"\[[A-Z_]{6,}\]", line)]
+    return (classed[-1] if classed else lines[-1])[:300]
+
+
+def record_gate(settings: Settings, job: str, result: Stability) -> None:
+    with session_scope(settings.database_url) as s:
+        audit.record(s, "job.stability", "job", job, outcome="passed" if result.stable else "failed",
+                     **asdict(result))
+
+
+def downtime(settings: Settings, job: str, savepoint: str) -> float | None:
+    """Seconds from the last commit of the run the savepoint was taken of to the first commit of the job's
+    current run, resumed from it."""
+    with session_scope(settings.database_url) as s:
+        current = jobs.current_run(s, jobs.get_job(s, job))
+        row = savepoints.get_savepoint(s, job, savepoint)
+        before = s.get(JobRun, row.run_id) if row.run_id else None
+        if current is None or before is None or not current.first_commit_at or not before.last_commit_at:
+            return None
+        return (as_utc(current.first_commit_at) - as_utc(before.last_commit_at)).total_seconds()

@@ -1,0 +1,70 @@
+"""The code update's registry steps (SQLite and PostgreSQL): a running driver keeps its code, a switch is
+recorded once, and a rollback leaves a job alone that still runs its old code.
+
+The runs are registry rows; the update_job DAG drives the same steps through real drivers end to end
+(tests/e2e)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from changeover import audit, update
+from changeover.cluster import LocalCluster
+from changeover.errors import ChangeoverError
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, JobRun, utcnow
+from changeover.settings import Settings
+from changeover.shipping import store_job_code
+
+JOB_CODE = "from changeover.runtime import Stage\n\n\ndef build(spark, ctx):\n    return []\n"
+
+
+def _job(settings: Settings, tmp_path: Path, state: str) -> dict[str, str]:
+    old = tmp_path / "team" / "v1" / "orders.py"
+    old.parent.mkdir(parents=True)
+    old.write_text(JOB_CODE)
+    shipped = store_job_code(settings, "orders", str(old))
+    with session_scope(settings.database_url) as s:
+        s.add(Job(name="orders", module=shipped.module, code=str(shipped.artifact), entry=shipped.entry,
+                  fault_tolerant=True, block_shutdown=False, options={}))
+        s.flush()
+        run = JobRun(job="orders", spark_version="4.2.0", master_url="spark://x", state=state, progress={},
+                     ended_at=None if state == "RUNNING" else utcnow())
+        s.add(run)
+        s.flush()
+        s.get(Job, "orders").current_run_id = run.id
+    return update.current_code(settings, "orders")
+
+
+def _new_code(tmp_path: Path) -> str:
+    new = tmp_path / "team" / "v2" / "orders.py"
+    new.parent.mkdir(parents=True)
+    new.write_text(JOB_CODE + "# v2\n")
+    return str(new)
+
+
+def test_a_running_job_keeps_its_code_until_it_is_stopped(settings: Settings, tmp_path: Path) -> None:
+    old = _job(settings, tmp_path, "RUNNING")
+    new = _new_code(tmp_path)
+    with pytest.raises(ChangeoverError, match=r"code change of job orders: its run \d+ is still RUNNING.*stop the job"):
+        update.switch_code(settings, "orders", new, "test")
+    assert update.current_code(settings, "orders") == old
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, s.get(Job, "orders").current_run_id)
+        run.state, run.ended_at = "STOPPED", utcnow()
+    assert update.switch_code(settings, "orders", new, "test") is True
+    assert update.switch_code(settings, "orders", new, "test") is False  # a retried task changes nothing
+    switched = update.current_code(settings, "orders")
+    assert switched["code"] != old["code"] and switched["code"].endswith("orders.py")
+    assert Path(switched["code"]).read_text().endswith("# v2\n")
+    changes = [e for e in audit.find(settings.database_url, job="orders") if e.action == "job.update_code"]
+    assert [(e.details["before"], e.details["after"]) for e in changes] == [(old["code"], switched["code"])]
+    assert update.switch_code(settings, "orders", old, "back") is True  # the shipped form, as a rollback has it
+    assert update.current_code(settings, "orders") == old
+
+
+def test_a_rollback_leaves_a_job_that_still_runs_its_old_code(settings: Settings, tmp_path: Path) -> None:
+    old = _job(settings, tmp_path, "RUNNING")
+    assert update.rollback(settings, LocalCluster(settings), "orders", old, "update-x", "the check failed") is None
+    assert not [e for e in audit.find(settings.database_url, job="orders") if e.action == "job.rollback"]
