@@ -123,3 +123,38 @@ def test_bad_declarations_and_batches_are_refused_by_name(spark: Any, settings: 
         _write(spark, nested, settings, run, 0, [("a", (1, 2))], "key string, pair struct<x:long,y:long>")
     with pytest.raises(ChangeoverError, match="names may only hold"):
         KeyedTable(settings.database_url, "drop table; --", keys=("key",))
+
+
+def test_a_stateful_batch_replayed_after_its_write_still_runs_and_the_query_goes_on(
+        spark: Any, settings: Settings, tmp_path: Any) -> None:
+    """A driver killed after the sink's merge and before Spark's commit log: the restarted query replays that
+    batch. The ledger skips the write, but the batch must still run its aggregation, or Spark 4.2 ends the
+    query with STATE_STORE_COMMIT_VALIDATION_FAILED and the job cannot come back."""
+    run = _current_run(settings)
+    sink, landing, checkpoint = KeyedTable(settings.database_url, "replayed", keys=("key",)), tmp_path / "in", \
+        tmp_path / "checkpoint"
+    landing.mkdir()
+
+    def land(name: str, keys: list[str]) -> None:
+        (landing / f"{name}.json").write_text("".join(f'{{"key": "{k}"}}\n' for k in keys))
+
+    def run_until_caught_up() -> None:
+        frame = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).json(str(landing))
+        totals = frame.groupBy("key").count().withColumnRenamed("count", "total")
+        query = (sink.attach(totals, WriteContext(settings.database_url, "j", "totals", run)).outputMode("update")
+                 .option("checkpointLocation", str(checkpoint)).start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+    land("0", ["a", "b"])
+    land("1", ["a"])
+    run_until_caught_up()
+    assert _table(sink) == {"a": 2, "b": 1}
+    for logged in ("1", ".1.crc"):  # the kill's window: batch 1 merged, its commit not yet logged
+        (checkpoint / "commits" / logged).unlink()
+    land("2", ["b", "c"])
+    run_until_caught_up()
+    assert _table(sink) == {"a": 2, "b": 2, "c": 1}  # batch 1 not counted twice, batch 2 counted on its state
+    assert (checkpoint / "commits" / "2").is_file()

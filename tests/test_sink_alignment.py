@@ -64,6 +64,18 @@ def test_the_batch_a_savepoint_replays_is_fine_for_a_keyed_table_but_twice_for_a
         savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), False, False)
 
 
+def test_a_rewind_asked_for_takes_back_the_batch_the_savepoint_replays(settings: Settings, tmp_path: Path) -> None:
+    """A rollback to other code: the replayed batch is written again by the code resumed, not kept as the
+    code it replaces wrote it."""
+    _written_up_to(settings, 4)
+    savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("idempotent"), False, False)
+    assert _newest(settings) == 4  # not asked: the replay writes the same result over it
+    savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("idempotent"), True, False)
+    assert _newest(settings) == 3
+    rewinds = [e for e in audit.find(settings.database_url, job="audit") if e.action == "sink.rewind"]
+    assert [(e.details["from_batch"], e.details["to_batch"]) for e in rewinds] == [(4, 3)]
+
+
 def test_a_savepoint_that_does_not_name_its_sinks_is_refused(settings: Settings, tmp_path: Path) -> None:
     _written_up_to(settings, 4)
     with pytest.raises(ChangeoverError, match="the savepoint does not say which sink stage audit writes"):
