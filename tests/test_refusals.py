@@ -1,5 +1,6 @@
 """Bad input gets one clear error that names what was refused, why, and what to do instead."""
 
+import re
 import socket
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
 from changeover.ports import require_free
+from changeover.runtime import Stage
 from changeover.runtimes import find_runtime
 from changeover.settings import Settings
 from changeover.upgrade import upgrade_member
@@ -19,6 +21,12 @@ def test_unsafe_savepoint_names_are_refused(name: str) -> None:
     with pytest.raises(ChangeoverError) as err:
         check_name("savepoint", name)
     assert "savepoint name" in str(err.value) and "'/'" in str(err.value) and "choose a name" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["../totals", "my stage", "totals/2"])
+def test_a_stage_whose_name_would_leave_its_checkpoint_folder_is_refused_where_it_is_declared(name: str) -> None:
+    with pytest.raises(ChangeoverError, match=rf"stage name {re.escape(repr(name))}: names may only hold"):
+        Stage(name, frame=None, sink=None)  # type: ignore[arg-type]  # refused before either is used
 
 
 def test_unknown_version_is_refused() -> None:

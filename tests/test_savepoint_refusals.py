@@ -1,5 +1,6 @@
 """Savepoint refusals that need only the registry and the filesystem."""
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -112,3 +113,26 @@ def test_retention_keeps_the_newest_and_what_an_unfinished_upgrade_uses(settings
     assert savepoints.apply_retention(settings, "clicks", max_age=timedelta(days=1)) == []
     with pytest.raises(ChangeoverError, match="the unfinished upgrade up-1 refers to it"):
         savepoints.delete(settings, "clicks", "a")
+
+
+@pytest.mark.parametrize(("forged", "why"), [
+    ({"files": {"../outside": {"size": 1, "sha256": "x"}}}, r"its file path '\.\./outside' leaves the savepoint"),
+    ({"files": {"/etc/hostname": {"size": 1, "sha256": "x"}}}, r"its file path '/etc/hostname' leaves"),
+    ({"stages": {"../totals": {"batch": 2}}}, r"its stage name '\.\./totals' is not a safe folder name"),
+    ({"files": {"stages/link/x": {"size": 1, "sha256": "x"}}},
+     r"its file path 'stages/link/x' leads out of the savepoint through a link"),
+])
+def test_a_manifest_whose_paths_leave_the_savepoint_is_refused(settings: Settings, tmp_path: Path,
+                                                               forged: dict, why: str) -> None:
+    _fake_committed_checkpoint(tmp_path / "cp")
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    path = Path(savepoints.take(settings, "clicks", "sp1", mode="continue").path)
+    assert savepoints.verify(path)["files"]  # the savepoint as taken is accepted
+    (tmp_path / "elsewhere").mkdir()
+    (path / "stages" / "link").symlink_to(tmp_path / "elsewhere")
+    manifest = json.loads((path / savepoints.MANIFEST).read_text())
+    for key, entries in forged.items():
+        manifest[key] = {**manifest[key], **entries}
+    (path / savepoints.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ChangeoverError, match=rf"savepoint clicks/sp1: {why}.*resume from another savepoint"):
+        savepoints.verify(path)

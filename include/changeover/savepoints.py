@@ -27,7 +27,7 @@ from changeover import audit, checkpoints, processes
 from changeover.digests import DigestCache
 from changeover.errors import ChangeoverError
 from changeover.jobs import LIVE, current_run, get_job, new_checkpoint_root
-from changeover.names import check_name
+from changeover.names import check_name, is_safe
 from changeover.registry.db import session_scope
 from changeover.registry.models import Savepoint, UpgradeRun, utcnow
 from changeover.runtime.sinks import Sink, WriteContext, from_description
@@ -286,7 +286,10 @@ def verify(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise ChangeoverError(f"savepoint at {path}", f"its manifest cannot be read ({exc})",
                               "resume from another savepoint; this one is not usable") from None
+    for stage in manifest.get("stages", {}):
+        _inside(path, manifest, f"stages/{stage}/", stage)
     for relative, expected in manifest["files"].items():
+        _inside(path, manifest, relative)
         file = path / relative
         reason = None
         if not file.is_file():
@@ -300,6 +303,21 @@ def verify(path: Path) -> dict[str, Any]:
                                   f"{relative} is corrupted: {reason}",
                                   "resume from another savepoint (`changeover savepoints`); this one is not usable")
     return manifest
+
+
+def _inside(path: Path, manifest: dict[str, Any], relative: str, stage: str | None = None) -> None:
+    """A manifest is data read from disk: its paths must stay inside the savepoint, through no `..`, absolute
+    path or link, and its stage names must be names, since they become checkpoint folders on restore."""
+    why = None
+    if stage is not None and not is_safe(stage):
+        why = f"its stage name {stage!r} is not a safe folder name"
+    elif Path(relative).is_absolute() or ".." in Path(relative).parts:
+        why = f"its file path {relative!r} leaves the savepoint"
+    elif not (path / relative).resolve().is_relative_to(path.resolve()):
+        why = f"its file path {relative!r} leads out of the savepoint through a link"
+    if why:
+        raise ChangeoverError(f"savepoint {manifest.get('job')}/{manifest.get('savepoint')}", why,
+                              "resume from another savepoint; do not edit a savepoint's manifest by hand")
 
 
 def restore(

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from changeover.names import check_name
+
 if TYPE_CHECKING:
     from changeover.runtime.sinks import Sink
 
@@ -17,6 +19,9 @@ class Stage:
     sink: Sink
     output_mode: str = "append"
     trigger: str = "1 second"  # a processing-time interval, Spark's default kind of trigger
+
+    def __post_init__(self) -> None:
+        check_name("stage", self.name)  # it names the stage's checkpoint folder and its state in savepoints
 
 
 @dataclass(frozen=True)
