@@ -32,6 +32,9 @@ def upgrade_params(target_description: str, **extra: Param) -> dict[str, Param]:
         "shutdown_timeout": Param(30, type="integer", minimum=0,
                                   description="Default seconds a drain waits for a job without blockShutdown."),
         "dry_run": Param(False, type="boolean", description="Only check and print the plan."),
+        "replay_check": Param(True, type="boolean", description="Before any drain, replay a batch of every "
+                              "running job on the target version from a copy of its state (the static check "
+                              "always runs; the replay also catches what only Spark can see)."),
     }
 
 
@@ -48,6 +51,7 @@ def upgrade_chain(
         PreflightOperator(task_id="preflight", target_version=target, members=members, marked_only=marked_only),
         # every running fault-tolerant job replays a batch on the target runtime before any member is drained
         CompatibilityCheckOperator(task_id="compatibility", target_version=target, upgrade_step=True,
+                                   dry_run="{{ params.replay_check }}",
                                    savepoint_name="upgrade-check-{{ run_id | replace(':', '') | replace('+', '') }}"),
         RollingUpgradeOperator(task_id="roll", shutdown_timeout="{{ params.shutdown_timeout }}", window=window,
                                drain_needs_seconds=drain_needs_seconds),
