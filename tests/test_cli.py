@@ -22,8 +22,8 @@ def run(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     ("args", "message"),
     [
         (["drain", "ghost"], "member 'ghost': no such member"),
-        (["upgrade", "ghost", "--to", "4.3.0"], "member 'ghost': no such member"),
-        (["upgrade", "ghost", "--to", "7.0.0"], "Spark version '7.0.0'"),
+        (["upgrade", "member", "ghost", "--to", "4.3.0"], "member 'ghost': no such member"),
+        (["upgrade", "member", "ghost", "--to", "7.0.0"], "Spark version '7.0.0'"),
         (["savepoint", "clicks", "../evil", "--cancel"], "savepoint name '../evil'"),
         (["savepoint", "clicks", "a/b", "--cancel"], "savepoint name 'a/b'"),
         (["savepoint", "ghost", "sp1", "--cancel"], "job 'ghost': no such job"),

@@ -172,7 +172,7 @@ def test_continue_savepoint_resumes_at_its_batch_and_costs_the_running_job_nothi
 def test_kill_9_at_any_point_leaves_a_complete_savepoint_or_none(live: Live) -> None:
     code = ("from changeover.settings import Settings; from changeover import savepoints; "
             "savepoints.take(Settings.from_env(), 'clicks', 'crashy', mode='continue')")
-    env = {**os.environ, **live.settings.as_env()}
+    env = {**os.environ, **live.settings.as_env(), "CHANGEOVER_FAULTS": "1"}
     for point in ("pending", "copying", "copied", "manifest", "moved"):
         result = subprocess.run([sys.executable, "-c", code], env={**env, "CHANGEOVER_CRASH_AT": point})
         assert result.returncode == -9, point

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from changeover import audit, drain, jobs, maintenance, savepoints, upgrade, upgrades
+from changeover import audit, drain, jobs, maintenance, recovery, savepoints, upgrade, upgrades
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
@@ -30,6 +30,9 @@ app.add_typer(cluster_app, name="cluster")
 app.add_typer(runtime_app, name="runtime")
 upgrades_app = typer.Typer(help="Rolling upgrades: list them, release a stuck one.", invoke_without_command=True)
 app.add_typer(upgrades_app, name="upgrades")
+upgrade_app = typer.Typer(help="One member's upgrade, and a failed upgrade's status, abort or resume.",
+                          no_args_is_help=True)
+app.add_typer(upgrade_app, name="upgrade")
 maintenance_app = typer.Typer(help="Members marked for the next drain window.", invoke_without_command=True)
 app.add_typer(maintenance_app, name="maintenance")
 out = Console()
@@ -261,6 +264,10 @@ def drain_member(member: str, timeout: Annotated[float, typer.Option(help="Secon
     cluster = LocalCluster(settings)
     deadline = time.monotonic() + timeout
     while not (result := drain.step(settings, cluster, member)).done:
+        if result.blocked_by:
+            raise ChangeoverError(f"drain of member {member}", f"member {', '.join(result.blocked_by)} is being "
+                                  "drained or upgraded, and members are drained one at a time",
+                                  "wait until `changeover cluster status` shows it ACTIVE, then drain again")
         if time.monotonic() > deadline:
             raise ChangeoverError(f"drain of member {member}", f"it did not finish within {timeout:.0f} s",
                                   f"see what it waits for: {result.as_dict()}")
@@ -268,12 +275,47 @@ def drain_member(member: str, timeout: Annotated[float, typer.Option(help="Secon
     out.print(f"member {member} drained")
 
 
-@app.command("upgrade")
+@upgrade_app.command("member")
 def upgrade_member(member: str, to: Annotated[str, typer.Option("--to", help="Target Spark version.")]) -> None:
     """Restart a drained member on another Spark version."""
     settings = _settings()
     old = upgrade.upgrade_member(settings, LocalCluster(settings), member, to)
     out.print(f"member {member}: {old} -> {to}")
+
+
+UpgradeKey = Annotated[str, typer.Argument(help="The upgrade's key, DAG/RUN_ID, as `changeover upgrades` lists it.")]
+
+
+@upgrade_app.command("status")
+def upgrade_status(key: UpgradeKey, as_json: JsonFlag = False) -> None:
+    """Where an upgrade is: each member's phase and actual state, jobs asked to move, savepoints it holds."""
+    found = recovery.status(_settings(), key)
+    if as_json:
+        out.print_json(json.dumps(found))
+        return
+    out.print(f"upgrade {found['key']} to {found['target_version']}: {found['status']}"
+              f"{' (holds the upgrade lock)' if found['locked'] else ''}, by {found['actor'] or 'unknown'}")
+    _emit(found["members"], False, [("MEMBER", "name"), ("PHASE", "phase"), ("STATUS", "status"),
+                                    ("VERSION", "version"), ("REASON", "reason")])
+    out.print(f"jobs asked to move: {', '.join(found['jobs_asked_to_move']) or 'none'}")
+    out.print(f"savepoints held: {', '.join(found['savepoints']) or 'none'}")
+
+
+@upgrade_app.command("abort")
+def upgrade_abort(key: UpgradeKey, reason: Annotated[str, typer.Option(help="Why, for the audit.")] = "aborted by hand"
+                  ) -> None:
+    """Undo what a failed or abandoned upgrade left: members back in service, jobs running, savepoints released."""
+    settings = _settings()
+    found = recovery.abort(settings, LocalCluster(settings), key, reason)
+    out.print(f"upgrade {key} aborted: " + ", ".join(f"{m['name']} {m['status']} at {m['version']}"
+                                                     for m in found["members"]))
+
+
+@upgrade_app.command("resume")
+def upgrade_resume(key: UpgradeKey) -> None:
+    """Take the lock again for a FAILED upgrade; then clear its Airflow run's failed tasks to go on from there."""
+    recovery.resume(_settings(), key)
+    out.print(f"upgrade {key} holds the lock again: clear its failed tasks in Airflow to continue")
 
 
 @app.command("events")

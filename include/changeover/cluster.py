@@ -63,8 +63,9 @@ def wait_for(
 
 
 class LocalCluster:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, start_timeout: float = 60.0) -> None:
         self.settings = settings
+        self.start_timeout = start_timeout  # for a master or worker to come up before it is stopped again
         self.url = settings.database_url
         self.pid_dir = settings.cluster_dir / "pids"
 
@@ -184,10 +185,10 @@ class LocalCluster:
             self._env(runtime, {"SPARK_MASTER_OPTS": opts}),
             self.settings.cluster_dir / "logs" / f"master-{version}.log",
         )
-        self._write_pid(f"master-{version}", started)
         master = SparkMaster("127.0.0.1", webui, rest)
-        wait_for(lambda: master.state()["status"] == "ALIVE" and master.server_version() == version,
-                 60, f"the Spark {version} master becoming ALIVE")
+        self._await_start(f"master-{version}", started,
+                          lambda: master.state()["status"] == "ALIVE" and master.server_version() == version,
+                          f"the Spark {version} master becoming ALIVE")
         with session_scope(self.url) as s:
             row = s.get(Master, version) or Master(version=version)
             row.host, row.port, row.webui_port, row.rest_port = "127.0.0.1", port, webui, rest
@@ -226,7 +227,7 @@ class LocalCluster:
                 raise ChangeoverError(
                     f"start of member {member} at {version}",
                     f"its worker still runs at {row.version}",
-                    f"upgrade it with `changeover upgrade {member} --to {version}` after a drain",
+                    f"upgrade it with `changeover upgrade member {member} --to {version}` after a drain",
                 )
             host = row.host
         work = self.settings.cluster_dir / "members" / member
@@ -241,8 +242,8 @@ class LocalCluster:
             }),
             self.settings.cluster_dir / "logs" / f"worker-{member}.log",
         )
-        self._write_pid(f"worker-{member}", started)
-        wait_for(lambda: master.worker_state(host) == "ALIVE", 60, f"member {member} registering with {master_row.url}")
+        self._await_start(f"worker-{member}", started, lambda: master.worker_state(host) == "ALIVE",
+                          f"member {member} registering with {master_row.url}")
         log = (self.settings.cluster_dir / "logs" / f"worker-{member}.log").read_text(errors="replace")
         if f"Running Spark version {version}" not in log.rsplit("Starting Spark worker", 1)[-1] and \
                 f"Running Spark version {version}" not in log[-20000:]:
@@ -287,6 +288,17 @@ class LocalCluster:
     def _write_pid(self, name: str, started: processes.Started) -> None:
         self.pid_dir.mkdir(parents=True, exist_ok=True)
         (self.pid_dir / f"{name}.pid").write_text(f"{started.pid} {started.start_ticks}\n")
+
+    def _await_start(self, name: str, started: processes.Started, ready: Callable[[], bool], what: str) -> None:
+        """Recorded before it is waited on, and stopped if the wait fails: a slow start leaves no orphan."""
+        self._write_pid(name, started)
+        try:
+            wait_for(ready, self.start_timeout, what, fix=f"see {self.settings.cluster_dir / 'logs' / name}.log; the "
+                                                "process was stopped, so the step can be retried")
+        except BaseException:
+            processes.stop_group(started.pid, started.start_ticks)
+            (self.pid_dir / f"{name}.pid").unlink(missing_ok=True)
+            raise
 
 
 def member_for_host(settings: Settings, host: str | None) -> str | None:

@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from changeover import audit, faults, jobs, relocate, routing, savepoints
 from changeover.cluster import LocalCluster, Membership
-from changeover.registry.db import session_scope
+from changeover.registry.db import lock_all, session_scope
 from changeover.registry.models import STOPPING, Job, JobRun, Member, utcnow
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
@@ -127,8 +127,8 @@ def step(
     current = plan(settings, membership, member, shutdown_timeout)
     if current.done or current.blocked_by:
         return current
-    if current.status == "ACTIVE":
-        _begin(settings, membership, current)
+    if current.status == "ACTIVE" and not _begin(settings, current):
+        return current  # another member's drain began first
     for name in current.save:
         savepoints.request_stop(settings, name, reason=f"drain of {member}", move=True)
     for name in current.cancel:
@@ -157,10 +157,15 @@ def step(
     return after
 
 
-def _begin(settings: Settings, membership: Membership, current: DrainPlan) -> None:
+def _begin(settings: Settings, current: DrainPlan) -> bool:
+    """Mark the member DRAINING, unless another member's drain began meanwhile: the members' rows are locked
+    (FOR UPDATE on PostgreSQL, the write lock on SQLite) so two drains cannot both see the others idle."""
     with session_scope(settings.database_url) as s:
-        row = s.get(Member, current.member)
-        assert row is not None
+        rows = lock_all(s, Member)
+        row = next(r for r in rows if r.name == current.member)
+        current.blocked_by = [r.name for r in rows if r.name != current.member and r.status in BUSY]
+        if current.blocked_by or row.status != "ACTIVE":
+            return False
         row.status, row.drain_started_at = "DRAINING", utcnow()
         saved = [*current.save, *current.stopping, *current.stopped]
         decisions = {**{j: "save" for j in saved}, **{j: "wait" for j in current.wait},
@@ -169,6 +174,7 @@ def _begin(settings: Settings, membership: Membership, current: DrainPlan) -> No
         for job, action in decisions.items():
             audit.record(s, f"drain.decide.{action}", "job", job, member=current.member)
     current.status = "DRAINING"
+    return True
 
 
 def _not_serving(settings: Settings) -> list[str]:
@@ -197,8 +203,7 @@ def abort(settings: Settings, membership: Membership, member: str, reason: str) 
             if job is not None and job.desired == "MOVE":
                 job.desired = "RUN"
                 audit.record(s, "job.stop_withdrawn", "job", name, member=member, reason=reason)
-    restart = current.decommissioned and not jobs_on(settings, membership, member) \
-        and not jobs.parked_runs_on(settings, membership, member)
+    restart = current.decommissioned and not jobs.drivers_on(settings, membership, member)
     if restart:
         with session_scope(settings.database_url) as s:
             version = LocalCluster._member(s, member).version

@@ -1,18 +1,30 @@
-"""Named fault points for tests of retries: an armed point fails the step once, at that point.
+"""Named fault points for the tests of retries and crashes. Inert unless CHANGEOVER_FAULTS=1.
 
-A test arms a point by creating `<home>/faults/<point>`; the first process to reach the point removes
-the file and raises. Nothing is armed in normal use, and a disarmed point costs one stat.
+Two kinds, both reached only in a process whose environment enables them (a test's, or an Airflow the
+test started with it):
+- `point`: a test arms it by creating `<home>/faults/<point>`; the first process to reach it removes the
+  file and raises, as a failed try would.
+- `crash`: CHANGEOVER_CRASH_AT=<point> kills the process there with SIGKILL, as `kill -9` would.
+Outside tests neither looks at a file or a variable beyond the one switch.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 from changeover.settings import Settings
 
+SWITCH = "CHANGEOVER_FAULTS"
+
 
 class InjectedFault(RuntimeError):
     pass
+
+
+def enabled() -> bool:
+    return os.environ.get(SWITCH) == "1"
 
 
 def arm(settings: Settings, point: str) -> Path:
@@ -23,9 +35,16 @@ def arm(settings: Settings, point: str) -> Path:
 
 
 def point(settings: Settings, name: str) -> None:
+    if not enabled():
+        return
     marker = settings.home / "faults" / name
     try:
         marker.unlink()
     except FileNotFoundError:
         return
     raise InjectedFault(f"fault injected at {name} (armed by {marker})")
+
+
+def crash(name: str) -> None:
+    if enabled() and os.environ.get("CHANGEOVER_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)

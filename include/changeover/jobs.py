@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -19,9 +21,13 @@ from changeover.registry.models import Job, JobRun, Member, utcnow
 from changeover.runtimes import find_runtime
 from changeover.settings import Settings
 from changeover.shipping import runtime_artifacts, store_job_code
+from changeover.spark_master import DriverStatus, MasterUnreachable
 from changeover.spark_settings import SparkSettings
+from changeover.timeutil import as_utc
 
+log = logging.getLogger(__name__)
 LIVE = ("SUBMITTED", "RUNNING")
+DEFAULT_LOST_AFTER_SECONDS = 180.0
 DRIVER_STATES = {"RUNNING": "RUNNING", "FINISHED": "FINISHED", "FAILED": "FAILED", "ERROR": "FAILED",
                  "KILLED": "KILLED"}
 
@@ -261,32 +267,55 @@ def refresh(settings: Settings, membership: Membership, job_name: str) -> JobRun
     return observe(settings, membership, run_id)
 
 
+def lost_after_seconds() -> float:
+    """How long a run may go unheard, by its master and by its own heartbeat, before it is recorded as lost."""
+    return float(os.environ.get("CHANGEOVER_LOST_AFTER_SECONDS") or DEFAULT_LOST_AFTER_SECONDS)
+
+
 def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
-    """Ask the run's master about its driver. A live or parked run whose driver has ended is recorded so."""
+    """Ask the run's master about its driver, and record what it says.
+
+    Only the master's word ends a run, or a silence past `lost_after_seconds` from both the master and the
+    driver's heartbeat: a master that is slow to answer says nothing about its drivers, so one unanswered
+    query leaves the run as it was (observed UNKNOWN) and the next observation asks again.
+    """
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
         if run.submission_id is None or not (run.state in LIVE or run.parked):
             return run
         version, submission = run.spark_version, run.submission_id
+    unanswered: str | None = None
     try:
-        status = membership.master(version).status(submission)
+        status: DriverStatus | None = membership.master(version).status(submission)
+    except MasterUnreachable as exc:
+        status, unanswered = None, exc.reason
     except ChangeoverError:
-        status = None  # the group's master is gone, and the driver with it
+        status = None  # its group's master was stopped, and its drivers with it
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
         if status is not None and status.worker_host:
             run.member = s.scalar(select(Member.name).where(Member.host == status.worker_host))
-        if status is None and run.parked:
-            return run  # no answer is no news: a parked driver ends itself, so only its master's word ends it here
-        observed = DRIVER_STATES.get(status.state) if status else "KILLED"
-        if observed and observed != "RUNNING" and run.parked:
+        observed = DRIVER_STATES.get(status.state) if status else (None if unanswered else "KILLED")
+        if observed is None:  # no word either way
+            if run.parked:
+                return run  # a parked driver ends itself, so only its master's word ends it here
+            silent = (utcnow() - as_utc(run.heartbeat_at or run.submitted_at)).total_seconds()
+            if silent < lost_after_seconds():
+                log.info("job %s run %s: state UNKNOWN (%s); asked again at the next observation", run.job,
+                         run.id, unanswered or f"its master reports the driver as {status and status.state}")
+                return run
+            observed = "KILLED"
+            run.error = f"lost: no word from its master ({unanswered or 'driver unknown'}) and no heartbeat " \
+                        f"for {silent:.0f} s"
+        if observed != "RUNNING" and run.parked:
             run.ended_at = utcnow()  # its driver is gone; the checkpoint still ends on a batch boundary
             audit.record(s, "job.end", "job", run.job, run=run.id, state="STOPPED", driver=observed)
-        elif observed and observed != "RUNNING" and run.state in LIVE:
+        elif observed != "RUNNING" and run.state in LIVE:
             run.state, run.ended_at = observed, run.ended_at or utcnow()
-            audit.record(s, "job.end", "job", run.job, run=run.id, state=observed)
+            audit.record(s, "job.end", "job", run.job, run=run.id, state=observed,
+                         **({"reason": run.error} if run.error else {}))
         elif observed == "RUNNING" and run.state == "SUBMITTED" and run.heartbeat_at is not None:
             run.state = "RUNNING"
         return run
@@ -298,6 +327,14 @@ def parked_runs_on(settings: Settings, membership: Membership, member: str) -> l
         ids = list(s.scalars(select(JobRun.id).where(
             JobRun.member == member, JobRun.state == "STOPPED", JobRun.ended_at.is_(None))))
     return [run for run in (observe(settings, membership, i) for i in ids) if run.parked]
+
+
+def drivers_on(settings: Settings, membership: Membership, member: str) -> list[JobRun]:
+    """Runs whose drivers still live on a member, running or parked: the one query a restart of its worker must
+    ask, since a parked run may resume between two narrower looks."""
+    with session_scope(settings.database_url) as s:
+        ids = list(s.scalars(select(JobRun.id).where(JobRun.member == member, JobRun.ended_at.is_(None))))
+    return [run for run in (observe(settings, membership, i) for i in ids) if run.ended_at is None]
 
 
 def refresh_all(

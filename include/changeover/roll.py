@@ -74,6 +74,12 @@ def step(
         if at_target:  # upgraded by an attempt that died before it recorded so
             _upgraded(settings, upgrade_key, member, target)
             continue
+        if row is not None and row.status == "STOPPED" and phase == PENDING:
+            # someone stopped its worker: starting it at the target would undo their stop
+            _set_phase(settings, upgrade_key, member, SKIPPED, f"member {member} is stopped; start it with "
+                       f"`changeover cluster up --members {member} --version {row.version}` and run the upgrade "
+                       "again to include it")
+            continue
         if window is not None:
             moment = now or utcnow()
             allowed, reason = may_start_drain(window, moment, drain_needs_seconds if phase == PENDING else 0.0)
@@ -83,6 +89,12 @@ def step(
         if phase == PENDING:
             _set_phase(settings, upgrade_key, member, DRAINING)
         plan = drain.step(settings, cluster, member, shutdown_timeout, upgrade_key=upgrade_key)
+        outside = [m for m in plan.blocked_by if m not in order]
+        if outside:  # a drain begun by hand: waiting would hold the upgrade until someone finishes it
+            raise ChangeoverError(f"drain of member {member} for upgrade {upgrade_key}",
+                                  f"member {', '.join(outside)} is being drained or upgraded outside this upgrade",
+                                  f"finish it (`changeover upgrade member {outside[0]} --to VERSION`), then clear "
+                                  "this task to retry")
         if not plan.done:
             return _status(settings, upgrade_key, member, plan)
         upgrade.upgrade_member(settings, cluster, member, target)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, checkpoints, processes
+from changeover import audit, checkpoints, faults, processes
 from changeover.digests import DigestCache
 from changeover.errors import ChangeoverError
 from changeover.jobs import LIVE, current_run, get_job, new_checkpoint_root
@@ -55,12 +54,6 @@ def request_stop(settings: Settings, job_name: str, reason: str, move: bool = Fa
         if job.desired != wanted:
             job.desired = wanted
             audit.record(s, "job.request_stop", "job", job_name, reason=reason, park=move)
-
-
-def _crash_point(name: str) -> None:
-    """Fault injection for the kill -9 tests: CHANGEOVER_CRASH_AT=<point> kills this process there."""
-    if os.environ.get("CHANGEOVER_CRASH_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _owner() -> str:
@@ -167,7 +160,7 @@ def take(
         s.add(Savepoint(job=job_name, name=name, mode=mode, status="PENDING", path=str(final), size_bytes=0,
                         spark_version=source.version, stages=source.stages, run_id=source.run_id,
                         upgrade_key=upgrade_key, owner=_owner()))
-    _crash_point("pending")
+    faults.crash("pending")
     staging = store / f".staging-{name}"
     shutil.rmtree(staging, ignore_errors=True)
     copied: dict[str, os.stat_result] = {}
@@ -177,7 +170,7 @@ def take(
         copied.update(stats.files)
         copied.update(checkpoints.snapshot_pending(source.root / stage, staging / "stages" / stage, batch,
                                                    prefix=f"stages/{stage}/").files)
-        _crash_point("copying")
+        faults.crash("copying")
     sink_batches: dict[str, int | None] = {}
     for stage, batch in source.stages.items():
         if (found := _sink(source.sinks.get(stage), settings, job_name, stage)) is not None:
@@ -187,7 +180,7 @@ def take(
             declared.snapshot(context, batch, saved)
             for file in (p for p in saved.rglob("*") if p.is_file()) if saved.exists() else []:
                 copied[str(file.relative_to(staging))] = file.stat()
-    _crash_point("copied")
+    faults.crash("copied")
     digests = DigestCache(store / ".digests.json")
     files = {relative: {"size": st.st_size, "sha256": digests.of(os.path.join(staging, relative), st)}
              for relative, st in sorted(copied.items())}
@@ -213,10 +206,10 @@ def take(
         "files": files,
     }
     _write_durably(staging / MANIFEST, json.dumps(manifest, separators=(",", ":")))
-    _crash_point("manifest")
+    faults.crash("manifest")
     shutil.rmtree(final, ignore_errors=True)  # only ever a leftover of a crash: its row was never COMPLETED
     os.rename(staging, final)
-    _crash_point("moved")
+    faults.crash("moved")
     with session_scope(settings.database_url) as s:
         savepoint = s.scalar(select(Savepoint).where(Savepoint.job == job_name, Savepoint.name == name))
         assert savepoint is not None

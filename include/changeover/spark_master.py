@@ -10,6 +10,10 @@ import httpx
 from changeover.errors import ChangeoverError
 
 
+class MasterUnreachable(ChangeoverError):
+    """The master did not answer in time: no news about its drivers, neither alive nor dead."""
+
+
 @dataclass(frozen=True)
 class DriverStatus:
     submission_id: str
@@ -29,8 +33,9 @@ class SparkMaster:
         try:
             response = httpx.request(method, url, timeout=self.timeout, **kwargs)
         except httpx.HTTPError as exc:
-            raise ChangeoverError(
-                f"Spark master at {url}", f"it did not answer ({exc})", "check it with `changeover cluster status`"
+            raise MasterUnreachable(
+                f"Spark master at {url}", f"it did not answer within {self.timeout:.0f} s ({exc})",
+                "check it with `changeover cluster status`; the step is retried",
             ) from None
         return response
 

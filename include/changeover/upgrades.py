@@ -27,7 +27,7 @@ def begin(settings: Settings, upgrade_key: str, target: str, old: dict[str, str]
             raise _ended(mine)
         holder = s.scalar(select(UpgradeRun).where(UpgradeRun.active.is_not(None)))
         if holder is not None:
-            raise _busy(upgrade_key, holder)
+            raise busy(upgrade_key, holder)
     try:
         with session_scope(settings.database_url) as s:
             s.add(UpgradeRun(key=upgrade_key, target_version=target, members=old, status="RUNNING", active=1,
@@ -38,7 +38,7 @@ def begin(settings: Settings, upgrade_key: str, target: str, old: dict[str, str]
             holder = s.scalar(select(UpgradeRun).where(UpgradeRun.active.is_not(None)))
             if holder is None or holder.key == upgrade_key:
                 return
-            raise _busy(upgrade_key, holder) from None
+            raise busy(upgrade_key, holder) from None
 
 
 def require_active(settings: Settings, upgrade_key: str) -> None:
@@ -57,7 +57,7 @@ def _ended(run: UpgradeRun) -> ChangeoverError:
                            "trigger a new run of the DAG; it continues from the members' actual state")
 
 
-def _busy(key: str, holder: UpgradeRun) -> ChangeoverError:
+def busy(key: str, holder: UpgradeRun) -> ChangeoverError:
     return ChangeoverError(
         f"upgrade {key}", f"upgrade {holder.key} to {holder.target_version} is still running "
         f"(started {holder.started_at:%Y-%m-%d %H:%M:%S} UTC by {holder.actor or 'unknown'})",

@@ -196,8 +196,11 @@ class FinishUpgradeOperator(ChangeoverOperator):
             return  # nothing to upgrade this time: no upgrade began
         if upgrades.status(settings, key) != "SUCCEEDED":
             # the run's only leaf: failing here is what shows the run as failed in the UI
-            raise AirflowFailException(f"upgrade {key} did not succeed" + ("; its lock is released" if released
-                                       else "") + ". Read the failed task's log for the reason")
+            lock = "; its lock is released" if released else ""
+            raise AirflowFailException(
+                f"upgrade {key} did not succeed{lock}. Read the failed task's log for the reason. "
+                f"`changeover upgrade status {key}` shows where it stopped, `changeover upgrade abort {key}` returns "
+                f"its members to service, `changeover upgrade resume {key}` lets its cleared tasks go on")
 
 
 SAVEPOINTS_ASSET = Asset(name="changeover_savepoints", uri="changeover://savepoints")

@@ -54,6 +54,7 @@ def _stack(kind: str, root: Path, pg_database) -> Iterator[Stack]:  # type: igno
     migrate(registry)
     env = local_airflow.airflow_env(settings, airflow_home=root / "airflow", sql_conn=metadata)
     env["AIRFLOW__CORE__DAGS_FOLDER"] = str(_dags_folder(root / "dags"))
+    env["CHANGEOVER_FAULTS"] = "1"  # the tests' Airflow honours armed fault points; a user's never does
     (root / "airflow").mkdir(parents=True, exist_ok=True)
     local_airflow.migrate_airflow(env)
     airflow = local_airflow.Standalone(env, root / "airflow-standalone.log")

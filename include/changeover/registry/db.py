@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, update
+from sqlalchemy import Engine, create_engine, event, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 _cached_urls: set[str] = set()
@@ -67,3 +67,14 @@ def lock_row(session: Session, model: type[Any], key: Any) -> Any:
         pk = table.primary_key.columns.values()[0]
         session.execute(update(table).where(pk == key).values({pk.name: pk}))
     return session.get(model, key, with_for_update=True, populate_existing=True)
+
+
+def lock_all(session: Session, model: type[Any]) -> list[Any]:
+    """Load every row of a small table for update, in key order, so deciders over the whole set (one member
+    drained at a time) are serialised without deadlocking each other. SQLite: the database's write lock."""
+    table = model.__table__
+    pk = table.primary_key.columns.values()[0]
+    if session.bind is not None and session.bind.dialect.name == "sqlite":
+        session.execute(update(table).values({pk.name: pk}))
+    query = select(model).order_by(pk).with_for_update()
+    return list(session.scalars(query, execution_options={"populate_existing": True}))

@@ -133,7 +133,7 @@ class UpgradeRun(Base):
     key: Mapped[str] = mapped_column(String(250), unique=True)  # e.g. the Airflow run id
     target_version: Mapped[str] = mapped_column(String(32))
     members: Mapped[dict[str, Any]] = mapped_column(default=dict)  # member -> old version
-    status: Mapped[str] = mapped_column(String(16))  # RUNNING | SUCCEEDED | FAILED
+    status: Mapped[str] = mapped_column(String(16))  # RUNNING | SUCCEEDED | FAILED | ABORTED
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # member -> phase (DRAINING, UPGRADED, SKIPPED)
     actor: Mapped[str | None] = mapped_column(String(250))  # who triggered it
     # 1 while RUNNING, else NULL: the unique constraint is the registry lock, one running upgrade at a time

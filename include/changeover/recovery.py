@@ -1,0 +1,126 @@
+"""A failed or abandoned upgrade: see where it stopped, resume it, or abort it back to a clean state.
+
+Abort gives every member of the upgrade back to service at the version its worker has, withdraws the stops
+it asked for (a parked run resumes in place, an ended one continues from its checkpoint), and ends the
+upgrade so its savepoints are no longer held. Jobs already moved stay where they are. Each step looks at
+the actual state first, so abort can be run again after it was interrupted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from changeover import audit, drain, jobs, upgrades
+from changeover.cluster import LocalCluster
+from changeover.errors import ChangeoverError
+from changeover.registry.db import lock_row, session_scope
+from changeover.registry.models import Job, Member, Savepoint, UpgradeRun
+from changeover.settings import Settings
+
+STUCK = ("DRAINING", "DRAINED", "UPGRADING")
+
+
+def status(settings: Settings, key: str) -> dict[str, Any]:
+    """The upgrade's row, each of its members' phase and actual state, the stops pending and the held savepoints."""
+    with session_scope(settings.database_url) as s:
+        run = _get(s, key)
+        progress = run.progress or {}
+        names = list(progress.get("order") or run.members)
+        members = {m.name: m for m in s.scalars(select(Member).where(Member.name.in_(names)))}
+        stopping = list(s.scalars(select(Job.name).where(Job.desired == "MOVE").order_by(Job.name)))
+        held = [f"{sp.job}/{sp.name}" for sp in s.scalars(select(Savepoint).where(Savepoint.upgrade_key == key))]
+        return {
+            "key": run.key, "status": run.status, "target_version": run.target_version, "actor": run.actor,
+            "locked": run.active is not None,
+            "members": [{"name": name, "phase": progress.get("phases", {}).get(name, "PENDING"),
+                         "status": members[name].status if name in members else "MISSING",
+                         "version": members[name].version if name in members else None,
+                         "reason": progress.get("reasons", {}).get(name)} for name in names],
+            "jobs_asked_to_move": stopping,
+            "savepoints": held if run.status == "RUNNING" else [],
+        }
+
+
+def abort(settings: Settings, cluster: LocalCluster, key: str, reason: str = "aborted by hand") -> dict[str, Any]:
+    """Members back in service, stops withdrawn, jobs running, the upgrade ended ABORTED (lock and savepoints
+    released). A SUCCEEDED upgrade is refused: there is nothing to undo."""
+    with session_scope(settings.database_url) as s:
+        run = _get(s, key)
+        if run.status == "SUCCEEDED":
+            raise ChangeoverError(f"abort of upgrade {key}", "it succeeded, so there is nothing to undo",
+                                  "to go back, run a new upgrade to the old version")
+        names = list((run.progress or {}).get("order") or run.members)
+    returned = [m for m in names if _return_to_service(settings, cluster, m, f"abort of upgrade {key}: {reason}")]
+    resumed = _withdraw_moves(settings, cluster, f"abort of upgrade {key}")
+    with session_scope(settings.database_url) as s:
+        run = lock_row(s, UpgradeRun, _get(s, key).id)
+        was = run.status
+        if run.active is not None or run.status == "FAILED":
+            run.status, run.active = "ABORTED", None
+        audit.record(s, "upgrade.abort", "upgrade", key, was=was, reason=reason, members_returned=returned,
+                     jobs_resumed=resumed)
+    return status(settings, key)
+
+
+def resume(settings: Settings, key: str) -> None:
+    """Take the lock again for an upgrade that FAILED, so that clearing its Airflow run's failed tasks goes on
+    from where it stopped: its members' phases are kept."""
+    with session_scope(settings.database_url) as s:
+        run = _get(s, key)
+        if run.active is not None:
+            return
+        if run.status != "FAILED":
+            raise ChangeoverError(f"resume of upgrade {key}", f"it ended as {run.status}",
+                                  "only a FAILED upgrade can be resumed; trigger a new run of the DAG instead")
+        holder = s.scalar(select(UpgradeRun).where(UpgradeRun.active.is_not(None)))
+        if holder is not None:
+            raise upgrades.busy(key, holder)
+        run = lock_row(s, UpgradeRun, run.id)
+        run.status, run.active, run.finished_at = "RUNNING", 1, None
+        audit.record(s, "upgrade.resume", "upgrade", key)
+
+
+def _return_to_service(settings: Settings, cluster: LocalCluster, member: str, reason: str) -> bool:
+    with session_scope(settings.database_url) as s:
+        row = s.get(Member, member)
+        if row is None or row.status not in STUCK:
+            return False
+        state, version = row.status, row.version
+    if state == "DRAINING":
+        return drain.abort(settings, cluster, member, reason)
+    cluster.stop_worker(member)  # decommissioned or half restarted: a fresh worker at the version it has
+    cluster.start_worker(member, version)
+    with session_scope(settings.database_url) as s:
+        audit.record(s, "member.return", "member", member, was=state, version=version, reason=reason)
+    return True
+
+
+def _withdraw_moves(settings: Settings, cluster: LocalCluster, reason: str) -> list[str]:
+    """Jobs still asked to move run again where they are: a parked run resumes, an ended one continues."""
+    with session_scope(settings.database_url) as s:
+        moving = list(s.scalars(select(Job.name).where(Job.desired == "MOVE")))
+    resumed = []
+    for name in moving:
+        with session_scope(settings.database_url) as s:
+            job = lock_row(s, Job, name)
+            if job.desired != "MOVE":
+                continue
+            job.desired = "RUN"
+            code = job.code or ""
+            audit.record(s, "job.stop_withdrawn", "job", name, reason=reason)
+        run = jobs.refresh(settings, cluster, name)
+        if run is not None and run.state not in jobs.LIVE and not run.parked:
+            jobs.submit(settings, cluster, code, name)  # its driver is gone: continue from its checkpoint
+        resumed.append(name)
+    return resumed
+
+
+def _get(s: Any, key: str) -> UpgradeRun:
+    run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == key))
+    if run is None:
+        known = ", ".join(s.scalars(select(UpgradeRun.key).order_by(UpgradeRun.id.desc()).limit(5))) or "none"
+        raise ChangeoverError(f"upgrade {key!r}", f"no such upgrade (latest: {known})",
+                              "list them with `changeover upgrades`")
+    return run

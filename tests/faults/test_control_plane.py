@@ -1,0 +1,185 @@
+"""Faults against the control plane, on one real local cluster shared by the module: a master that stops
+answering, a driver lost while its master is silent, a worker that cannot start in time, and an upgrade
+that fails mid-drain and is aborted. Nothing is mocked; the injected failure is a named fault point.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from changeover import audit, drain, faults, jobs, recovery, roll, upgrade, upgrades
+from changeover.cluster import LocalCluster, wait_for
+from changeover.errors import ChangeoverError
+from changeover.generator import Generator
+from changeover.registry.db import session_scope
+from changeover.registry.models import JobRun, Master, Member, utcnow
+from changeover.registry.schema import migrate
+from changeover.settings import Settings
+from changeover.timeutil import as_utc
+from jobs import clicks
+from sqlalchemy import select
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    root = tmp_path_factory.mktemp("faults")
+    url = f"sqlite:///{root / 'registry.db'}"
+    migrate(url)
+    return Settings.from_env(home=root / "home", database_url=url)
+
+
+@pytest.fixture(scope="module")
+def cluster(settings: Settings) -> Iterator[LocalCluster]:
+    local = LocalCluster(settings)
+    try:
+        local.up([("a1", "4.2.0"), ("a2", "4.2.0")])
+        yield local
+    finally:
+        local.down()
+    # every master, worker and driver these faults touched is gone with the cluster
+    home = str(settings.home)
+    left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+            if any(home in part for part in p.info["cmdline"] or [])]
+    assert left == [], f"processes left behind: {left}"
+
+
+def _master_pid(settings: Settings, version: str) -> int:
+    with session_scope(settings.database_url) as s:
+        row = s.get(Master, version)
+        assert row is not None and row.pid is not None
+        return row.pid
+
+
+def _start(settings: Settings, cluster: LocalCluster, name: str) -> Generator:
+    generator = Generator(settings.data_dir / f"landing-{name}")
+    generator.write_file()
+    generator.start(interval=0.5)
+    jobs.submit(settings, cluster, "jobs.clicks", name, options={"landing": str(generator.landing),
+                                                                 "lease_seconds": 60})
+    jobs.wait_until_committed(settings, cluster, name)
+    return generator
+
+
+def _assert_exact(settings: Settings, name: str, generator: Generator) -> None:
+    generator.stop()
+    wait_for(lambda: clicks.results(settings.database_url, name)[0] == dict(generator.truth), 300,
+             f"job {name} catching up with every generated file")
+
+
+def _commits_after(settings: Settings, run_id: int, moment: object) -> bool:
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, run_id)
+        return run is not None and run.last_commit_at is not None and as_utc(run.last_commit_at) > moment
+
+
+def test_a_paused_master_is_no_news_and_only_a_long_silence_ends_a_run(settings: Settings, cluster: LocalCluster,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    generator = _start(settings, cluster, "paused")
+    master = _master_pid(settings, "4.2.0")
+    run = jobs.refresh(settings, cluster, "paused")
+    assert run is not None and run.state == "RUNNING"
+    os.kill(master, signal.SIGSTOP)
+    try:
+        paused_at = utcnow()
+        # One observation outlasts the master's HTTP timeout: the run stays RUNNING, and keeps committing.
+        seen = jobs.refresh(settings, cluster, "paused")
+        assert seen is not None and seen.state == "RUNNING" and seen.ended_at is None
+        wait_for(lambda: _commits_after(settings, run.id, paused_at), 120, "a commit while the master is paused")
+        assert jobs.refresh(settings, cluster, "paused").state == "RUNNING"  # type: ignore[union-attr]
+        # A drain planned meanwhile still has the job to save, not a dead job to skip.
+        assert drain.plan(settings, cluster, run.member or "a1").save == ["paused"]
+        # Now the driver is really gone, while its master is still silent: ended once its heartbeat is stale.
+        driver = next(p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
+                      and f"--job paused --run-id {run.id} " in " ".join(p.info["cmdline"] or []))
+        driver.kill()
+        monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "15")
+        wait_for(lambda: jobs.refresh(settings, cluster, "paused").state == "KILLED", 120,  # type: ignore[union-attr]
+                 "the silent run recorded as lost", retryable=())
+        with session_scope(settings.database_url) as s:
+            lost = s.get(JobRun, run.id)
+            assert lost is not None and (lost.error or "").startswith("lost: no word from its master")
+    finally:
+        os.kill(master, signal.SIGCONT)
+        generator.stop()
+    ended = [e for e in audit.find(settings.database_url, job="paused") if e.action == "job.end"]
+    assert len(ended) == 1 and "no heartbeat" in ended[0].details["reason"]
+    with session_scope(settings.database_url) as s:
+        assert s.get(Member, run.member).status == "ACTIVE"
+
+
+def test_a_worker_that_does_not_register_in_time_is_stopped(settings: Settings, cluster: LocalCluster) -> None:
+    master = _master_pid(settings, "4.2.0")
+    slow = LocalCluster(settings, start_timeout=5)
+    os.kill(master, signal.SIGSTOP)  # the worker cannot register with a master that does not answer
+    try:
+        with pytest.raises(ChangeoverError, match="did not happen within 5 s"):
+            slow.start_worker("a3", "4.2.0")
+    finally:
+        os.kill(master, signal.SIGCONT)
+    work = str(settings.cluster_dir / "members" / "a3")
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if any(work in c for c in p.info["cmdline"] or [])]
+    assert left == []
+    assert not (settings.cluster_dir / "pids" / "worker-a3.pid").exists()
+
+
+def _roll_until(settings: Settings, cluster: LocalCluster, key: str, done: bool, timeout: float) -> None:
+    """Step the roll as the operator does, waiting on the drain between steps, until it is done (or raises)."""
+    wait_for(lambda: roll.step(settings, cluster, key, 30).done == done, timeout, f"the roll of {key}",
+             interval=2.0, retryable=())
+
+
+def test_an_upgrade_failed_mid_drain_is_aborted_clean_and_a_new_one_succeeds(
+    settings: Settings, cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generator = _start(settings, cluster, "aborted")
+    first = jobs.refresh(settings, cluster, "aborted")
+    assert first is not None and first.member in ("a1", "a2")
+    order = [first.member, *(m for m in ("a1", "a2") if m != first.member)]
+    try:
+        monkeypatch.setenv(faults.SWITCH, "1")
+        faults.arm(settings, "drain.after_stop")
+        upgrades.begin(settings, "faults/1", "4.3.0", dict.fromkeys(order, "4.2.0"))
+        roll.start(settings, "faults/1", order)
+        with pytest.raises(faults.InjectedFault):
+            _roll_until(settings, cluster, "faults/1", True, 600)
+        upgrades.release(settings, "faults/1", "FAILED", "its roll task failed")  # as the finish task does
+        stuck = recovery.status(settings, "faults/1")
+        assert stuck["jobs_asked_to_move"] == ["aborted"]
+        assert [m["status"] for m in stuck["members"]][0] == "DRAINING"
+
+        aborted_at = utcnow()
+        after = recovery.abort(settings, cluster, "faults/1", "the test's injected failure")
+        assert after["status"] == "ABORTED" and not after["locked"] and after["jobs_asked_to_move"] == []
+        assert {m["status"] for m in after["members"]} == {"ACTIVE"}
+        wait_for(lambda: _commits_after(settings, jobs.refresh(settings, cluster, "aborted").id, aborted_at),
+                 180, "the job committing again after the abort")
+
+        upgrades.begin(settings, "faults/2", "4.3.0", dict.fromkeys(order, "4.2.0"))
+        roll.start(settings, "faults/2", order)
+        _roll_until(settings, cluster, "faults/2", True, 900)
+        wait_for(lambda: not upgrade.rebalance_step(settings, cluster, "faults/2"), 300, "the job on 4.3.0",
+                 interval=2.0)
+        upgrades.release(settings, "faults/2", "SUCCEEDED", "test")
+    finally:
+        generator.stop()
+    run = jobs.refresh(settings, cluster, "aborted")
+    assert run is not None and run.state in jobs.LIVE and run.spark_version == "4.3.0"
+    with session_scope(settings.database_url) as s:
+        assert {(m.name, m.version, m.status) for m in s.scalars(select(Member).where(Member.name.in_(order)))} == {
+            ("a1", "4.3.0", "ACTIVE"), ("a2", "4.3.0", "ACTIVE")}
+    _assert_exact(settings, "aborted", generator)
+
+
+def test_an_upgrade_that_succeeded_cannot_be_aborted_and_an_unknown_one_is_named(settings: Settings,
+                                                                                 cluster: LocalCluster) -> None:
+    with pytest.raises(ChangeoverError, match="nothing to undo"):
+        recovery.abort(settings, cluster, "faults/2")
+    with pytest.raises(ChangeoverError, match=r"no such upgrade \(latest: faults/2, faults/1\)"):
+        recovery.status(settings, "faults/9")
+

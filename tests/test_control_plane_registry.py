@@ -1,0 +1,74 @@
+"""Control-plane decisions on the registry alone, on SQLite and PostgreSQL: the one-member-at-a-time gate under
+two racing drains, a stopped member left out of a roll, and a failed upgrade's lock taken back."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from changeover import audit, drain, recovery, roll, upgrades
+from changeover.cluster import LocalCluster
+from changeover.errors import ChangeoverError
+from changeover.registry.db import session_scope
+from changeover.registry.models import Member
+from changeover.settings import Settings
+from sqlalchemy import select
+
+
+def _members(settings: Settings, *specs: tuple[str, str]) -> None:
+    with session_scope(settings.database_url) as s:
+        for i, (name, status) in enumerate(specs):
+            s.add(Member(name=name, version="4.2.0", host=f"127.0.1.{i + 1}", status=status))
+
+
+def test_two_drains_begun_at_once_one_wins_and_the_other_is_told_why(settings: Settings) -> None:
+    _members(settings, ("m1", "ACTIVE"), ("m2", "ACTIVE"))
+    plans = {m: drain.DrainPlan(member=m, status="ACTIVE") for m in ("m1", "m2")}
+    barrier, won = threading.Barrier(2), {}
+
+    def begin(member: str) -> None:
+        barrier.wait()
+        won[member] = drain._begin(settings, plans[member])
+
+    threads = [threading.Thread(target=begin, args=(m,)) for m in plans]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(won.values()) == [False, True], won
+    winner = next(m for m, ok in won.items() if ok)
+    loser = next(m for m, ok in won.items() if not ok)
+    assert plans[loser].blocked_by == [winner]
+    with session_scope(settings.database_url) as s:
+        assert {m.name: m.status for m in s.scalars(select(Member))} == {winner: "DRAINING", loser: "ACTIVE"}
+    assert [e.subject for e in audit.find(settings.database_url, member=winner) if e.action == "drain.begin"] == [
+        winner]
+    assert not [e for e in audit.find(settings.database_url, member=loser) if e.action == "drain.begin"]
+
+
+def test_a_stopped_member_is_left_out_of_the_roll_with_the_way_back(settings: Settings) -> None:
+    _members(settings, ("m1", "STOPPED"))
+    upgrades.begin(settings, "dag/run1", "4.3.0", {"m1": "4.2.0"})
+    roll.start(settings, "dag/run1", ["m1"])
+    status = roll.step(settings, LocalCluster(settings), "dag/run1")
+    assert status.done and status.phases == {"m1": "SKIPPED"}
+    assert "changeover cluster up --members m1 --version 4.2.0" in status.reasons["m1"]
+    with session_scope(settings.database_url) as s:
+        assert s.get(Member, "m1").status == "STOPPED"
+
+
+def test_a_failed_upgrade_takes_its_lock_back_only_when_no_other_holds_it(settings: Settings) -> None:
+    upgrades.begin(settings, "dag/a", "4.3.0", {})
+    upgrades.release(settings, "dag/a", "FAILED", "a task failed")
+    upgrades.begin(settings, "dag/b", "4.3.0", {})
+    with pytest.raises(ChangeoverError, match="upgrade dag/b to 4.3.0 is still running"):
+        recovery.resume(settings, "dag/a")
+    upgrades.release(settings, "dag/b", "SUCCEEDED", "done")
+    with pytest.raises(ChangeoverError, match="only a FAILED upgrade can be resumed"):
+        recovery.resume(settings, "dag/b")
+    recovery.resume(settings, "dag/a")
+    recovery.resume(settings, "dag/a")  # again: it holds the lock already
+    assert recovery.status(settings, "dag/a")["status"] == "RUNNING"
+    upgrades.require_active(settings, "dag/a")
+    assert [e.action for e in audit.find(settings.database_url, upgrade="dag/a")] == [
+        "upgrade.begin", "upgrade.end", "upgrade.resume"]
