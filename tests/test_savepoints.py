@@ -24,7 +24,7 @@ from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, Savepoint, SinkLedger
 from changeover.runtimes import find_runtime, java_home
 from changeover.settings import Settings
-from conftest import registry_settings
+from conftest import ONE_REGISTRY, registry_settings
 from jobs import clicks
 from sqlalchemy import func, select
 
@@ -118,7 +118,7 @@ def counts_of_processed_files(stage_checkpoint: Path, batch: int) -> dict[str, i
     return dict(counts)
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=ONE_REGISTRY)
 def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, pg_database) -> Iterator[Live]:
     home = tmp_path_factory.mktemp(f"savepoints-{request.param}")
     settings = registry_settings(request.param, home, pg_database, "changeover_sp")
@@ -236,15 +236,7 @@ def test_resuming_an_older_savepoint_rewinds_the_sink_and_ends_exact(live: Live)
     assert writers == {run.id}
 
 
-def sqlite_only(live: Live) -> None:
-    """The stage rules act on checkpoint folders in the driver; the registry's kind does not enter them, and
-    continue savepoints, kill -9 and rewinds above cover PostgreSQL. One kind keeps CI inside its hour."""
-    if not live.settings.database_url.startswith("sqlite"):
-        pytest.skip("stage rules do not depend on the registry's kind: covered on SQLite")
-
-
 def test_stage_rule_matching_name_is_restored(live: Live) -> None:
-    sqlite_only(live)
     sp = savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
     live.launch("same-stages", savepoint="clicks/rules")
     jobs.wait_until_committed(live.settings, live.cluster, "same-stages")
@@ -254,7 +246,6 @@ def test_stage_rule_matching_name_is_restored(live: Live) -> None:
 
 
 def test_stage_rule_state_of_a_removed_stage_is_refused_unless_allowed(live: Live) -> None:
-    sqlite_only(live)
     savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
     run = live.launch("totals-only", savepoint="clicks/rules", stages=["totals"])
     wait_for(lambda: jobs.refresh(live.settings, live.cluster, "totals-only").state == "FAILED", 180,
@@ -269,7 +260,6 @@ def test_stage_rule_state_of_a_removed_stage_is_refused_unless_allowed(live: Liv
 
 
 def test_stage_rule_a_new_stage_starts_empty(live: Live) -> None:
-    sqlite_only(live)
     live.launch("small", stages=["totals"])
     jobs.wait_until_committed(live.settings, live.cluster, "small")
     sp = savepoints.take(live.settings, "small", "small-1", mode="continue")
@@ -284,7 +274,6 @@ def test_stage_rule_a_new_stage_starts_empty(live: Live) -> None:
 
 
 def test_stage_rule_rename_moves_a_stages_state(live: Live) -> None:
-    sqlite_only(live)
     sp = savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
     live.launch("renamed", savepoint="clicks/rules", stage_names={"totals": "running_totals"},
                 rename_stages={"totals": "running_totals"})

@@ -23,7 +23,7 @@ from changeover.registry.models import SinkLedger
 from changeover.runtime.sinks.files import LOG
 from changeover.settings import Settings
 from changeover.spark_settings import SparkSettings
-from conftest import PG_ADMIN_URL, registry_settings
+from conftest import ONE_REGISTRY, registry_settings
 from guide_words import GUIDE_JOB, Words, parquet_counts
 from jobs import click_audit, click_joins
 from sqlalchemy import func, select
@@ -39,7 +39,7 @@ class Cluster:
     pg_database: object
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=ONE_REGISTRY)
 def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, pg_database) -> Iterator[Cluster]:
     home = tmp_path_factory.mktemp(f"user-jobs-{request.param}")
     settings = registry_settings(request.param, home, pg_database, "changeover_uj")
@@ -71,8 +71,6 @@ def move_to(live: Cluster, job: str, version: str) -> None:
 
 def test_the_guides_windowed_count_from_a_file_outside_the_checkout_moves_exact(live: Cluster,
                                                                                 tmp_path: Path) -> None:
-    if live.kind == "postgresql":
-        pytest.skip("the file sink keeps its own log, not in the registry: one registry kind covers it")
     outside = tmp_path / "team-repo" / "guide_windowed_counts.py"  # not under the checkout, not on any path
     outside.parent.mkdir()
     shutil.copy(GUIDE_JOB, outside)
@@ -107,8 +105,6 @@ def test_the_guides_windowed_count_from_a_file_outside_the_checkout_moves_exact(
 
 def test_a_join_into_a_keyed_table_and_a_foreach_batch_job_move_exact_and_survive_a_kill(live: Cluster,
                                                                                         tmp_path: Path) -> None:
-    if live.kind == "sqlite" and PG_ADMIN_URL:
-        pytest.skip("run where its keyed tables live in PostgreSQL (CI); test_keyed_table covers them on SQLite")
     generator = Generator(tmp_path / "landing")
     audit_url = (f"sqlite:///{tmp_path / 'team-audit.db'}" if live.kind == "sqlite"
                  else live.pg_database("team_audit"))  # type: ignore[operator]
@@ -141,8 +137,6 @@ def test_a_join_into_a_keyed_table_and_a_foreach_batch_job_move_exact_and_surviv
 
 
 def test_an_unchanged_script_runs_as_a_batch_job_with_its_own_spark_settings(live: Cluster, tmp_path: Path) -> None:
-    if live.kind == "postgresql":
-        pytest.skip("launch settings do not depend on the registry's kind")
     jar = tmp_path / "marker.jar"
     with zipfile.ZipFile(jar, "w") as archive:
         archive.writestr("changeover-marker.txt", "shipped")

@@ -26,6 +26,8 @@ from changeover.spark_master import SparkMaster
 
 WORKER_CORES = 4  # more than the machine has: drivers and executors of several jobs share workers
 WORKER_MEMORY = "4g"
+STOP_GRACE = 20.0  # seconds a worker with work on it gets to end its drivers and executors
+IDLE_STOP_GRACE = 2.0  # a drained worker runs nothing of ours: no reason to wait on its shutdown hooks
 
 
 class Membership(Protocol):
@@ -33,7 +35,7 @@ class Membership(Protocol):
     def ensure_master(self, version: str, port: int | None = None) -> Master: ...
     def stop_master_if_empty(self, version: str) -> bool: ...
     def start_worker(self, member: str, version: str) -> None: ...
-    def stop_worker(self, member: str) -> None: ...
+    def stop_worker(self, member: str, grace: float = ...) -> None: ...
     def executors_on(self, member: str) -> int: ...
     def decommission(self, member: str) -> None: ...
     def is_decommissioned(self, member: str) -> bool: ...
@@ -231,7 +233,7 @@ class LocalCluster:
                 )
             host = row.host
         work = self.settings.cluster_dir / "members" / member
-        webui = free_port(host)
+        webui, began = free_port(host), time.monotonic()
         started = processes.spawn(
             [str(runtime.spark_class), "org.apache.spark.deploy.worker.Worker", "--host", host,
              "--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY, "--webui-port", str(webui),
@@ -254,15 +256,18 @@ class LocalCluster:
             row.version, row.webui_port, row.status = version, webui, "ACTIVE"
             row.pid, row.pid_started, row.drain_started_at = started.pid, started.start_ticks, None
             audit.record(s, "member.start", "member", member, version=version, master=master_row.url,
-                         pid=started.pid)
+                         pid=started.pid, seconds=round(time.monotonic() - began, 1))
 
-    def stop_worker(self, member: str) -> None:
+    def stop_worker(self, member: str, grace: float = STOP_GRACE) -> None:
+        """SIGTERM the worker's process group, SIGKILL after `grace` s; pass IDLE_STOP_GRACE for a drained one."""
         with session_scope(self.url) as s:
             row = self._member(s, member)
-            processes.stop_group(row.pid, row.pid_started)
+            began = time.monotonic()
+            processes.stop_group(row.pid, row.pid_started, timeout=grace)
             (self.pid_dir / f"worker-{member}.pid").unlink(missing_ok=True)
             row.pid = None
-            audit.record(s, "member.stop", "member", member, version=row.version)
+            audit.record(s, "member.stop", "member", member, version=row.version,
+                         seconds=round(time.monotonic() - began, 1))
 
     # -- helpers -----------------------------------------------------------------------------
     @staticmethod

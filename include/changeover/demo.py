@@ -129,7 +129,8 @@ def _summary(settings: Settings, cluster: LocalCluster, generator: Generator, wa
             downtimes.append(gap)
             console.print(f"clicks moved {before.spark_version} -> {after.spark_version}: downtime {gap:.1f} s "
                           f"(last commit of run {before.id} to first commit of run {after.id})")
-    console.print(f"clicks downtime: longest {max(downtimes, default=0):.1f} s, total {sum(downtimes):.1f} s")
+    console.print(f"clicks: {len(downtimes)} move{'s' if len(downtimes) != 1 else ''}, downtime longest "
+                  f"{max(downtimes, default=0):.1f} s, total {sum(downtimes):.1f} s")
     console.print(f"total wall time: {wall:.0f} s")
     totals, windows = clicks.results(settings.database_url, "clicks")
     wrong_windows = {k: v for k, v in windows.items() if generator.window_truth.get(k) != v}

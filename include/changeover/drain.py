@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, faults, jobs, relocate, routing, savepoints
+from changeover import audit, faults, jobs, placement, relocate, savepoints
 from changeover.cluster import LocalCluster, Membership
 from changeover.registry.db import lock_all, session_scope
 from changeover.registry.models import STOPPING, Job, JobRun, Member, utcnow
@@ -140,7 +140,7 @@ def step(
         after = plan(settings, membership, member, shutdown_timeout)
     if after.decommissioned and after.stopped:  # decommissioned first, so a resumed driver cannot land here
         faults.point(settings, "drain.after_stop")
-        target = routing.target_version(settings, exclude=_not_serving(settings))
+        target = placement.upgrade_destination(settings, _not_serving(settings), upgrade_key)
         for name in after.stopped:
             if relocate.step(settings, membership, name, target, reason=f"drain-{member}", avoid_member=member,
                              upgrade_key=upgrade_key):

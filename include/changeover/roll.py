@@ -42,12 +42,13 @@ class RollStatus:
                 "drain": self.drain.as_dict() if self.drain else None}
 
 
-def start(settings: Settings, upgrade_key: str, members: list[str]) -> None:
-    """Record the order once; a retried preflight keeps the progress already made."""
+def start(settings: Settings, upgrade_key: str, members: list[str]) -> list[str]:
+    """Record the order once; a retried preflight keeps the progress already made. Returns the order kept."""
     with session_scope(settings.database_url) as s:
         run = _upgrade(s, upgrade_key)
         if not run.progress:
             run.progress = {"order": list(members), "phases": dict.fromkeys(members, PENDING), "reasons": {}}
+        return list(run.progress["order"])
 
 
 def step(

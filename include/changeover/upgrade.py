@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from changeover import audit, jobs, relocate, routing
-from changeover.cluster import LocalCluster
+from changeover.cluster import IDLE_STOP_GRACE, LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import STOPPING, Job
@@ -27,7 +27,7 @@ def upgrade_member(settings: Settings, cluster: LocalCluster, member: str, versi
                                   f"drain it first with `changeover drain {member}`")
         row.status = "UPGRADING"
         audit.record(s, "member.upgrade.begin", "member", member, from_version=old, to_version=version)
-    cluster.stop_worker(member)
+    cluster.stop_worker(member, grace=IDLE_STOP_GRACE)  # drained: nothing of ours runs there
     cluster.start_worker(member, version)
     if old != version:
         cluster.stop_master_if_empty(old)

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, jobs, processes, roll, routing, upgrades
+from changeover import audit, jobs, placement, processes, roll, routing, upgrades
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
@@ -22,12 +22,13 @@ class UpgradePlan:
     members: list[str]
     old_versions: dict[str, str]
     jobs: list[dict[str, Any]]
+    moves: placement.MovePlan
 
     def describe(self) -> list[str]:
         lines = [f"target Spark {self.target_version}; members in order: {', '.join(self.members) or 'none'}"]
         lines += [f"  {m}: {self.old_versions[m]} -> {self.target_version}" for m in self.members]
         lines += [f"  job {j['name']}: {j['state']} on {j['member']} at {j['version']}" for j in self.jobs]
-        return lines
+        return lines + self.moves.describe()
 
 
 def preflight(
@@ -50,12 +51,14 @@ def preflight(
                                   "start the cluster with `changeover cluster up` first")
         todo = [n for n in chosen if not (rows[n].version == target and rows[n].status == "ACTIVE")]
         old = {n: rows[n].version for n in todo}
+    moves = placement.plan_moves(settings, target, todo)
+    todo = moves.order
     for name in {rows[n].version for n in todo}:
         cluster.master(name)  # each group being left must have a live master
     if not dry_run:
         upgrades.begin(settings, upgrade_key, target, old)
-        roll.start(settings, upgrade_key, todo)
-    return UpgradePlan(target, todo, old, [j for j in jobs.list_jobs(settings) if j["state"] in jobs.LIVE])
+        todo = roll.start(settings, upgrade_key, todo)
+    return UpgradePlan(target, todo, old, [j for j in jobs.list_jobs(settings) if j["state"] in jobs.LIVE], moves)
 
 
 def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: str) -> dict[str, Any]:

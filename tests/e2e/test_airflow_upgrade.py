@@ -57,11 +57,15 @@ def _downtimes(stack: Stack, name: str) -> list[float]:
 
 
 def _assert_rolled(stack: Stack, name: str) -> None:
+    """Every member at 4.3.0, and the job on it after one move: members without jobs were drained first."""
     status = stack.cluster.status()
     assert {(m["name"], m["version"], m["status"]) for m in status["members"]} == {
         ("m1", "4.3.0", "ACTIVE"), ("m2", "4.3.0", "ACTIVE"), ("m3", "4.3.0", "ACTIVE")}
     run = jobs.refresh(stack.settings, stack.cluster, name)
     assert run is not None and run.spark_version == "4.3.0" and run.state in jobs.LIVE
+    with session_scope(stack.settings.database_url) as s:
+        versions = list(s.scalars(select(JobRun.spark_version).where(JobRun.job == name).order_by(JobRun.id)))
+    assert versions == ["4.2.0", "4.3.0"], versions
 
 
 def _start_guide(stack: Stack) -> tuple[Words, Path]:

@@ -1,0 +1,105 @@
+"""Upgrade-aware placement: each fault-tolerant job moves at most once in a rolling upgrade, where it can.
+
+The seeds' rule sends a job to the largest version group. Mid-upgrade that is often the old version,
+so a job on the first member drained would move to an old member, then again when that member drains.
+Instead the roll drains members hosting no fault-tolerant job first, and a job moved by the upgrade goes
+to the version that will be the largest group once the upgrade is done, as soon as that group has an
+ACTIVE member. New jobs still follow the largest-group rule (`routing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from changeover import routing
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, JobRun, Member, UpgradeRun
+from changeover.settings import Settings
+
+LIVE = ("SUBMITTED", "RUNNING")
+
+
+def jobs_by_member(settings: Settings) -> dict[str, list[str]]:
+    """Live fault-tolerant jobs per member, as the registry last saw them (no master is asked)."""
+    hosted: dict[str, list[str]] = {}
+    with session_scope(settings.database_url) as s:
+        rows = s.execute(select(Job.name, JobRun.member).join(JobRun, JobRun.id == Job.current_run_id)
+                         .where(Job.fault_tolerant.is_(True), JobRun.state.in_(LIVE)).order_by(Job.name))
+        for name, member in rows:
+            if member:
+                hosted.setdefault(member, []).append(name)
+    return hosted
+
+
+def final_layout(settings: Settings, target: str, upgraded: Iterable[str]) -> dict[str, str]:
+    """Every member not stopped, at the version it will have once `upgraded` run `target`."""
+    moving = set(upgraded)
+    with session_scope(settings.database_url) as s:
+        return {m.name: (target if m.name in moving else m.version)
+                for m in s.scalars(select(Member).where(Member.status != "STOPPED"))}
+
+
+def destination(settings: Settings, exclude: Iterable[str], after: dict[str, str] | None = None) -> str:
+    """Where a job leaving a member goes: the group that will be largest after the upgrade (`after`,
+    member -> version) if it has an ACTIVE member now, else the largest group now."""
+    groups = routing.version_groups(settings, exclude)
+    if after:
+        final = routing.largest_group(_groups(after))
+        if groups.get(final):
+            return final
+    return routing.largest_group(groups)
+
+
+def upgrade_destination(settings: Settings, exclude: Iterable[str], upgrade_key: str | None) -> str:
+    """`destination` for a drain that is part of the upgrade `upgrade_key` (none: the largest group now)."""
+    after = None
+    if upgrade_key is not None:
+        with session_scope(settings.database_url) as s:
+            run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
+            target, phases = (run.target_version, dict((run.progress or {}).get("phases", {}))) if run else ("", {})
+        if target:
+            after = final_layout(settings, target, [m for m, phase in phases.items() if phase != "SKIPPED"])
+    return destination(settings, exclude, after)
+
+
+@dataclass(frozen=True)
+class MovePlan:
+    order: list[str]  # members in the order they are drained
+    moves: dict[str, list[str]]  # job -> versions it is expected to run on, in turn
+
+    def describe(self) -> list[str]:
+        lines = [f"drain order: {', '.join(self.order) or 'none'} (members without fault-tolerant jobs first)"]
+        for job, versions in sorted(self.moves.items()):
+            count = len(versions) - 1
+            lines.append(f"  job {job}: {' -> '.join(versions)} ({count} move{'s' if count != 1 else ''})")
+        return lines
+
+
+def plan_moves(settings: Settings, target: str, members: list[str]) -> MovePlan:
+    """Drain order and each fault-tolerant job's expected moves. A job moves twice only when no member at the
+    final largest version is ACTIVE by its member's turn (every member being upgraded hosts a job)."""
+    hosted = jobs_by_member(settings)
+    order = sorted(members, key=lambda m: len(hosted.get(m, [])))  # stable: the user's order among equals
+    with session_scope(settings.database_url) as s:
+        now = {m.name: m.version for m in s.scalars(select(Member).where(Member.status == "ACTIVE"))}
+    final = routing.largest_group(_groups(final_layout(settings, target, members))) if now else target
+    layout, moves = dict(now), {}
+    for member in order:
+        for job in hosted.get(member, []):
+            others = {m: v for m, v in layout.items() if m != member}
+            if not others:
+                continue
+            to = final if final in others.values() else routing.largest_group(_groups(others))
+            moves[job] = [layout.get(member, "?"), to] + ([final] if to != final else [])
+        layout[member] = target
+    return MovePlan(order, moves)
+
+
+def _groups(layout: dict[str, str]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for member, version in sorted(layout.items()):
+        groups.setdefault(version, []).append(member)
+    return groups

@@ -1,0 +1,86 @@
+"""Upgrade-aware placement on the registry (SQLite and PostgreSQL): the drain order and each job's destination,
+so that a fault-tolerant job moves once, straight to the target version. The end-to-end rolling upgrade checks
+the moves through real drivers; here the members and runs are registry rows."""
+
+from __future__ import annotations
+
+from changeover import placement, roll, upgrades
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, JobRun, Member
+from changeover.settings import Settings
+
+
+def _members(settings: Settings, *specs: tuple[str, str]) -> None:
+    with session_scope(settings.database_url) as s:
+        for i, (name, version) in enumerate(specs):
+            s.add(Member(name=name, version=version, host=f"127.0.1.{i + 1}", status="ACTIVE"))
+
+
+def _job_on(settings: Settings, job: str, member: str, fault_tolerant: bool = True) -> None:
+    with session_scope(settings.database_url) as s:
+        s.add(Job(name=job, module="jobs.clicks", fault_tolerant=fault_tolerant, block_shutdown=False, options={}))
+        s.flush()
+        run = JobRun(job=job, spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={},
+                     member=member)
+        s.add(run)
+        s.flush()
+        s.get(Job, job).current_run_id = run.id
+
+
+def _set(settings: Settings, member: str, version: str, status: str = "ACTIVE") -> None:
+    with session_scope(settings.database_url) as s:
+        row = s.get(Member, member)
+        row.version, row.status = version, status
+
+
+def test_members_without_jobs_drain_first_and_each_job_is_planned_to_move_once(settings: Settings) -> None:
+    _members(settings, ("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.2.0"))
+    _job_on(settings, "clicks", "m1")
+    _job_on(settings, "guide", "m2")
+    _job_on(settings, "batch", "m1", fault_tolerant=False)  # waited for, not moved: no part of the order
+
+    plan = placement.plan_moves(settings, "4.3.0", ["m1", "m2", "m3"])
+
+    assert plan.order == ["m3", "m1", "m2"]
+    assert plan.moves == {"clicks": ["4.2.0", "4.3.0"], "guide": ["4.2.0", "4.3.0"]}
+    assert "  job clicks: 4.2.0 -> 4.3.0 (1 move)" in plan.describe()
+
+
+def test_when_every_member_hosts_a_job_the_first_one_moves_twice_and_the_plan_says_so(settings: Settings) -> None:
+    _members(settings, ("m1", "4.2.0"), ("m2", "4.2.0"))
+    _job_on(settings, "a", "m1")
+    _job_on(settings, "b", "m2")
+
+    plan = placement.plan_moves(settings, "4.3.0", ["m1", "m2"])
+
+    assert plan.order == ["m1", "m2"]
+    assert plan.moves == {"a": ["4.2.0", "4.2.0", "4.3.0"], "b": ["4.2.0", "4.3.0"]}
+    assert "  job a: 4.2.0 -> 4.2.0 -> 4.3.0 (2 moves)" in plan.describe()
+
+
+def test_a_moved_job_goes_to_the_target_once_it_has_a_member_though_the_old_group_is_larger(
+    settings: Settings,
+) -> None:
+    _members(settings, ("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.2.0"), ("m4", "4.2.0"))
+    upgrades.begin(settings, "run-1", "4.3.0", dict.fromkeys(["m1", "m2", "m3", "m4"], "4.2.0"))
+    roll.start(settings, "run-1", ["m4", "m1", "m2", "m3"])
+    _set(settings, "m4", "4.3.0")  # the first member is back at the target
+    _set(settings, "m1", "4.2.0", "DRAINING")
+
+    # Mid-upgrade 4.2.0 holds two ACTIVE members and 4.3.0 one; after the upgrade 4.3.0 holds all four.
+    assert placement.upgrade_destination(settings, ["m1"], "run-1") == "4.3.0"
+    # A drain outside an upgrade keeps the seeds' largest-group rule.
+    assert placement.upgrade_destination(settings, ["m1"], None) == "4.2.0"
+
+
+def test_a_partial_upgrade_keeps_moved_jobs_on_the_group_that_stays_largest(settings: Settings) -> None:
+    _members(settings, ("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.2.0"), ("m4", "4.3.0"))
+    upgrades.begin(settings, "run-2", "4.3.0", {"m1": "4.2.0"})
+    roll.start(settings, "run-2", ["m1"])
+    _set(settings, "m1", "4.2.0", "DRAINING")
+
+    # After it, 4.2.0 keeps two members and 4.3.0 has two: the tie goes to 4.3.0, which has a member now.
+    assert placement.upgrade_destination(settings, ["m1"], "run-2") == "4.3.0"
+    _members(settings, ("m5", "4.2.0"))
+    # With a fifth member 4.2.0 stays the largest group, so the job stays on it.
+    assert placement.upgrade_destination(settings, ["m1"], "run-2") == "4.2.0"
