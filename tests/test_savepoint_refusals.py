@@ -136,3 +136,88 @@ def test_a_manifest_whose_paths_leave_the_savepoint_is_refused(settings: Setting
     (path / savepoints.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ChangeoverError, match=rf"savepoint clicks/sp1: {why}.*resume from another savepoint"):
         savepoints.verify(path)
+
+
+def _pending_from(settings: Settings, root: Path, owner: str, lease_left: float) -> Path:
+    """A savepoint being built by `owner`, its staging folder half written, its lease `lease_left` s away."""
+    staging = settings.savepoint_dir / "clicks" / ".staging-sp1"
+    (staging / "stages").mkdir(parents=True)
+    with session_scope(settings.database_url) as s:
+        s.add(Savepoint(job="clicks", name="sp1", mode="continue", status="PENDING",
+                        path=str(settings.savepoint_dir / "clicks" / "sp1"), size_bytes=0, spark_version="4.2.0",
+                        stages={"totals": 1}, owner=owner, lease_until=utcnow() + timedelta(seconds=lease_left)))
+    return staging
+
+
+def test_a_savepoint_another_host_is_building_is_left_alone_until_its_lease_lapses(settings: Settings,
+                                                                                   tmp_path: Path) -> None:
+    _fake_committed_checkpoint(tmp_path / "cp")
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    staging = _pending_from(settings, tmp_path, owner="builder-host-2:4242:99", lease_left=600)
+
+    assert savepoints.reconcile(settings) == {"rows": [], "folders": []}  # its PID means nothing here
+    assert staging.exists()
+    with pytest.raises(ChangeoverError, match="another process is taking it now"):
+        savepoints.take(settings, "clicks", "sp1", mode="continue")
+
+    with session_scope(settings.database_url) as s:  # the other host stopped renewing: its lease lapses
+        s.scalar(select(Savepoint).where(Savepoint.name == "sp1")).lease_until = utcnow() - timedelta(seconds=1)
+    taken = savepoints.take(settings, "clicks", "sp1", mode="continue")
+    assert taken.status == "COMPLETED" and taken.lease_until is None and not staging.exists()
+
+
+def test_a_dead_builder_on_this_host_is_cleared_at_once_whatever_its_lease(settings: Settings,
+                                                                           tmp_path: Path) -> None:
+    import socket
+
+    _fake_committed_checkpoint(tmp_path / "cp")
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    staging = _pending_from(settings, tmp_path, owner=f"{socket.gethostname()}:999999:1", lease_left=600)
+    assert savepoints.reconcile(settings) == {"rows": ["clicks/sp1"], "folders": ["clicks/.staging-sp1"]}
+    assert not staging.exists()
+
+
+def test_a_long_build_renews_its_lease(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_committed_checkpoint(tmp_path / "cp")
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    monkeypatch.setenv("CHANGEOVER_SAVEPOINT_LEASE_SECONDS", "0.6")
+    renewed: list[object] = []
+    real_build = savepoints._build
+
+    def slow_build(*args: object) -> Savepoint:
+        """The copy takes five lease lengths; the lease must be renewed meanwhile, or another host clears it."""
+        from changeover.cluster import wait_for
+
+        def lease_moved() -> bool:
+            with session_scope(settings.database_url) as s:
+                renewed.append(s.scalar(select(Savepoint.lease_until).where(Savepoint.name == "sp2")))
+            return len({r for r in renewed if r is not None}) >= 3
+        wait_for(lease_moved, 10, "the savepoint's lease renewed twice")
+        return real_build(*args)
+
+    monkeypatch.setattr(savepoints, "_build", slow_build)
+    assert savepoints.take(settings, "clicks", "sp2", mode="continue").status == "COMPLETED"
+
+
+def test_a_builder_whose_savepoint_was_taken_over_publishes_nothing(settings: Settings, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Builder A is slow; its lease lapsed and another host cleared its row and began its own build. When A
+    comes to publish, the row is not its own: A removes its staging and leaves the other build alone."""
+    _fake_committed_checkpoint(tmp_path / "cp")
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    real_build = savepoints._build
+
+    def taken_over_meanwhile(*args: object) -> Savepoint:
+        with session_scope(settings.database_url) as s:  # what the other host's reconcile and take leave
+            row = s.scalar(select(Savepoint).where(Savepoint.name == "sp3"))
+            row.owner, row.lease_until = "builder-host-2:4242:99", utcnow() + timedelta(seconds=600)
+        return real_build(*args)
+
+    monkeypatch.setattr(savepoints, "_build", taken_over_meanwhile)
+    with pytest.raises(ChangeoverError, match="this builder lost its lease on it"):
+        savepoints.take(settings, "clicks", "sp3", mode="continue")
+    with session_scope(settings.database_url) as s:
+        row = s.scalar(select(Savepoint).where(Savepoint.name == "sp3"))
+        assert (row.status, row.owner) == ("PENDING", "builder-host-2:4242:99")  # the other build's, untouched
+    assert not (settings.savepoint_dir / "clicks" / "sp3").exists()
+    assert [p.name for p in (settings.savepoint_dir / "clicks" / ".staging-sp3").iterdir()] == []

@@ -14,10 +14,11 @@ from typing import Any, Protocol
 import httpx
 from sqlalchemy import select
 
-from changeover import audit, processes
+from changeover import audit, processes, rest_auth
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
 from changeover.ports import free_port, require_free
+from changeover.private_file import write_private
 from changeover.registry.db import session_scope
 from changeover.registry.models import Master, Member
 from changeover.runtimes import Runtime, find_runtime, java_home
@@ -28,6 +29,11 @@ WORKER_CORES = 4  # more than the machine has: drivers and executors of several 
 WORKER_MEMORY = "4g"
 STOP_GRACE = 20.0  # seconds a worker with work on it gets to end its drivers and executors
 IDLE_STOP_GRACE = 2.0  # a drained worker runs nothing of ours: no reason to wait on its shutdown hooks
+WORKER_TIMEOUT = 30  # s without heartbeats before a master declares a worker lost (Spark's default: 60)
+
+
+class NoMaster(ChangeoverError):
+    """No master runs for a version group: its drivers and workers went with it."""
 
 
 class Membership(Protocol):
@@ -71,15 +77,21 @@ class LocalCluster:
         self.url = settings.database_url
         self.pid_dir = settings.cluster_dir / "pids"
 
+    @property
+    def rest_key(self) -> str:
+        if self.settings.rest_key_configured:
+            return rest_auth.load_key(self.settings.rest_key_file)
+        return rest_auth.load_or_create_key(self.settings.rest_key_file)
+
     # -- observation -------------------------------------------------------------------------
     def master(self, version: str) -> SparkMaster:
         with session_scope(self.url) as s:
             row = s.get(Master, version)
             if row is None or row.status != "RUNNING":
-                raise ChangeoverError(
+                raise NoMaster(
                     f"version group {version}", "no master is running for it", "start it with `changeover cluster up`"
                 )
-            return SparkMaster(row.host, row.webui_port, row.rest_port)
+            return SparkMaster(row.host, row.webui_port, row.rest_port, rest_key=self.rest_key)
 
     def status(self) -> dict[str, Any]:
         with session_scope(self.url) as s:
@@ -125,7 +137,7 @@ class LocalCluster:
             version, host = row.version, row.host
         try:
             return self.master(version).worker_state(host) in (None, "DECOMMISSIONED", "DEAD")
-        except ChangeoverError:
+        except NoMaster:
             return True  # no master for its group: nothing can be placed there
 
     # -- actions -----------------------------------------------------------------------------
@@ -179,15 +191,20 @@ class LocalCluster:
         webui, rest = free_port(), free_port()
         opts = (
             f"-Dspark.master.rest.enabled=true -Dspark.master.rest.port={rest} "
-            "-Dspark.decommission.enabled=true -Dspark.deploy.spreadOut=true"
+            "-Dspark.decommission.enabled=true -Dspark.deploy.spreadOut=true "
+            f"-Dspark.worker.timeout={WORKER_TIMEOUT}"
         )
+        # The REST server takes only signed requests; its key is in a file only we read, not on a command line.
+        properties = write_private(self.settings.cluster_dir / "conf" / f"master-{version}.properties",
+                                   rest_auth.master_properties(self.rest_key))
         started = processes.spawn(
             [str(runtime.spark_class), "org.apache.spark.deploy.master.Master",
-             "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(webui)],
+             "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(webui),
+             "--properties-file", str(properties)],
             self._env(runtime, {"SPARK_MASTER_OPTS": opts}),
             self.settings.cluster_dir / "logs" / f"master-{version}.log",
         )
-        master = SparkMaster("127.0.0.1", webui, rest)
+        master = SparkMaster("127.0.0.1", webui, rest, rest_key=self.rest_key)
         self._await_start(f"master-{version}", started,
                           lambda: master.state()["status"] == "ALIVE" and master.server_version() == version,
                           f"the Spark {version} master becoming ALIVE")
@@ -214,7 +231,7 @@ class LocalCluster:
     def start_worker(self, member: str, version: str) -> None:
         runtime = find_runtime(self.settings.runtimes_dir, version)
         master_row = self.ensure_master(version)
-        master = SparkMaster(master_row.host, master_row.webui_port, master_row.rest_port)
+        master = SparkMaster(master_row.host, master_row.webui_port, master_row.rest_port, rest_key=self.rest_key)
         with session_scope(self.url) as s:
             row = s.get(Member, member)
             if row is None:
@@ -240,7 +257,8 @@ class LocalCluster:
              "--work-dir", str(work / f"work-{version}"), master_row.url],
             self._env(runtime, {
                 "SPARK_LOCAL_IP": host,
-                "SPARK_WORKER_OPTS": "-Dspark.decommission.enabled=true",
+                # the same timeout as its master's: a worker heartbeats every quarter of it
+                "SPARK_WORKER_OPTS": f"-Dspark.decommission.enabled=true -Dspark.worker.timeout={WORKER_TIMEOUT}",
             }),
             self.settings.cluster_dir / "logs" / f"worker-{member}.log",
         )
@@ -264,7 +282,11 @@ class LocalCluster:
             row = self._member(s, member)
             began = time.monotonic()
             processes.stop_group(row.pid, row.pid_started, timeout=grace)
-            (self.pid_dir / f"worker-{member}.pid").unlink(missing_ok=True)
+            pidfile = self.pid_dir / f"worker-{member}.pid"
+            if pidfile.exists():  # a worker started by a try that died before it was recorded in the registry
+                pid, ticks = pidfile.read_text().split()
+                processes.stop_group(int(pid), ticks, timeout=grace)
+            pidfile.unlink(missing_ok=True)
             row.pid = None
             audit.record(s, "member.stop", "member", member, version=row.version,
                          seconds=round(time.monotonic() - began, 1))
@@ -280,7 +302,9 @@ class LocalCluster:
         return row
 
     def _env(self, runtime: Runtime, extra: dict[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
+        # Drivers inherit a worker's environment: no registry URL in it (they get a reference of their own).
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SPARK_", "PYSPARK_")) and k != "CHANGEOVER_DATABASE_URL"}
         env.update(
             SPARK_HOME=str(runtime.spark_home),
             JAVA_HOME=str(java_home()),

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from changeover import audit, faults, jobs, placement, relocate, savepoints
 from changeover.cluster import LocalCluster, Membership
@@ -68,12 +68,20 @@ class DrainPlan:
 
 
 def jobs_on(settings: Settings, membership: Membership, member: str) -> list[tuple[Job, JobRun]]:
+    """Jobs whose current run is on `member`. Only runs the registry places there, or not yet anywhere, are
+    asked about: a driver never changes worker, so a drain poll costs the member's jobs, not the fleet's."""
+    with session_scope(settings.database_url) as s:
+        candidates = list(s.execute(select(Job, JobRun.id).join(JobRun, JobRun.id == Job.current_run_id)
+                                    .where(or_(JobRun.member == member, JobRun.member.is_(None)))
+                                    .order_by(Job.name)))
     found = []
-    for job, run in jobs.refresh_all(settings, membership):
-        if run is None or run.member != member:
+    for job, run_id in candidates:
+        run = jobs.observe(settings, membership, run_id)
+        if run.member != member:
             continue
-        # A job stopped for a savepoint is still ours to save and resume until it runs elsewhere.
-        if run.state in jobs.LIVE or (run.state == "STOPPED" and job.desired == "MOVE"):
+        # A job asked to move is ours to save and resume until it runs elsewhere: stopped at a boundary, or
+        # ended on the way there (its driver killed, its worker lost), never left behind.
+        if run.state in jobs.LIVE or job.desired == "MOVE":
             found.append((job, run))
     return found
 
@@ -140,7 +148,7 @@ def step(
         after = plan(settings, membership, member, shutdown_timeout)
     if after.decommissioned and after.stopped:  # decommissioned first, so a resumed driver cannot land here
         faults.point(settings, "drain.after_stop")
-        target = placement.upgrade_destination(settings, _not_serving(settings), upgrade_key)
+        target = placement.upgrade_destination(settings, _not_serving(settings), upgrade_key, membership)
         for name in after.stopped:
             if relocate.step(settings, membership, name, target, reason=f"drain-{member}", avoid_member=member,
                              upgrade_key=upgrade_key):

@@ -11,8 +11,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, checkpoints, lease, routing
-from changeover.cluster import Membership, wait_for
+from changeover import audit, checkpoints, faults, lease, routing
+from changeover.cluster import Membership, NoMaster, wait_for
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
@@ -28,7 +28,9 @@ from changeover.timeutil import as_utc
 log = logging.getLogger(__name__)
 LIVE = ("SUBMITTED", "RUNNING")
 DEFAULT_LOST_AFTER_SECONDS = 180.0
-DRIVER_STATES = {"RUNNING": "RUNNING", "FINISHED": "FINISHED", "FAILED": "FAILED", "ERROR": "FAILED",
+# ERROR is Spark's word for a driver whose worker was lost (or that could not be started): not the job's own
+# failure, so a fault-tolerant job goes on from its checkpoint, as after a kill.
+DRIVER_STATES = {"RUNNING": "RUNNING", "FINISHED": "FINISHED", "FAILED": "FAILED", "ERROR": "KILLED",
                  "KILLED": "KILLED"}
 
 
@@ -101,17 +103,17 @@ def submit(
         return launch(settings, membership, name, version, root, from_savepoint, allow_non_restored_state)
     root = new_checkpoint_root(settings, name)
     if continues is not None and continues.checkpoint_root and Path(continues.checkpoint_root).is_dir():
-        _continue_from(settings, membership, continues, root)
+        continue_from(settings, membership, continues, root)
     return launch(settings, membership, name, version, root)
 
 
-def _continue_from(settings: Settings, membership: Membership, previous: JobRun, root: Path) -> None:
+def continue_from(settings: Settings, membership: Membership, previous: JobRun, root: Path) -> None:
     """Lay out the ended run's checkpoint as of its last commit, with the batch it had planned next, so the
     resubmitted job replays that batch with the same offsets and goes on with the batch ids its sinks expect."""
     if previous.submission_id is not None:
         try:
             status = membership.master(previous.spark_version).status(previous.submission_id)
-        except ChangeoverError:
+        except NoMaster:
             status = None  # its group's master is gone, and its drivers with it
         if status is not None and status.state in ("SUBMITTED", "RUNNING", "RELAUNCHING"):
             raise ChangeoverError(f"resubmit of job {previous.job}", f"the driver of its run {previous.id} is still "
@@ -243,10 +245,11 @@ def launch(
         },
     }
     submission_id = master.create(request)
+    faults.point(settings, "launch.submitted")  # a lost answer: the driver then records its id itself
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
-        run.submission_id = submission_id
+        run.submission_id = run.submission_id or submission_id
         audit.record(s, "job.launch", "job", job_name, run=run_id, version=version, submission=submission_id,
                      from_savepoint=from_savepoint)
         return run
@@ -290,7 +293,7 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
         status: DriverStatus | None = membership.master(version).status(submission)
     except MasterUnreachable as exc:
         status, unanswered = None, exc.reason
-    except ChangeoverError:
+    except NoMaster:
         status = None  # its group's master was stopped, and its drivers with it
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
@@ -298,6 +301,15 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
         if status is not None and status.worker_host:
             run.member = s.scalar(select(Member.name).where(Member.host == status.worker_host))
         observed = DRIVER_STATES.get(status.state) if status else (None if unanswered else "KILLED")
+        if status is not None and status.state == "ERROR" and not run.error:
+            run.error = "its master reports ERROR: its worker was lost, or the driver could not be started"
+        if observed == "FAILED" and run.state in LIVE and not run.error:
+            # The driver records its own failures before it exits; one that ended FAILED without a word was
+            # killed or crashed (kill -9, the OOM killer), so its checkpoint is as whole as after a kill.
+            observed = "KILLED"
+            run.error = "its driver ended without reporting a failure of its own: killed, or its process crashed"
+        if status is not None and status.state in ("SUBMITTED", "RELAUNCHING"):
+            return run  # queued for cores, or being relaunched: alive in its master's word, however long it waits
         if observed is None:  # no word either way
             if run.parked:
                 return run  # a parked driver ends itself, so only its master's word ends it here

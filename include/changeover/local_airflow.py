@@ -30,7 +30,7 @@ AIRFLOW = Path(sys.executable).parent / "airflow"
 
 def airflow_env(settings: Settings, airflow_home: Path | None = None, sql_conn: str | None = None) -> dict[str, str]:
     home = airflow_home or Path(os.environ.get("AIRFLOW_HOME") or CHECKOUT / ".airflow")
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "CHANGEOVER_DATABASE_URL"}  # by reference only
     env.update(settings.as_env())
     env.update({
         "AIRFLOW_HOME": str(home),
@@ -42,7 +42,7 @@ def airflow_env(settings: Settings, airflow_home: Path | None = None, sql_conn: 
         "PYTHONPATH": os.pathsep.join([str(CHECKOUT / "plugins"), str(CHECKOUT / "include")]),
         "AIRFLOW_CONN_CHANGEOVER_DEFAULT": json.dumps({
             "conn_type": "changeover",
-            "extra": {"home": str(settings.home), "database_url": settings.database_url},
+            "extra": {"home": str(settings.home), "database_url_file": str(settings.write_reference())},
         }),
     })
     if sql_conn:

@@ -9,17 +9,20 @@ ACTIVE member. New jobs still follow the largest-group rule (`routing`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import select
 
 from changeover import routing
+from changeover.cluster import Membership
+from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Member, UpgradeRun
 from changeover.settings import Settings
 
 LIVE = ("SUBMITTED", "RUNNING")
+CORES_PER_JOB = 2  # a moved job needs room for its driver and one executor, or it waits queued at the master
 
 
 def jobs_by_member(settings: Settings) -> dict[str, list[str]]:
@@ -42,18 +45,34 @@ def final_layout(settings: Settings, target: str, upgraded: Iterable[str]) -> di
                 for m in s.scalars(select(Member).where(Member.status != "STOPPED"))}
 
 
-def destination(settings: Settings, exclude: Iterable[str], after: dict[str, str] | None = None) -> str:
+def destination(settings: Settings, exclude: Iterable[str], after: dict[str, str] | None = None,
+                free_cores: Callable[[str, list[str]], int] | None = None) -> str:
     """Where a job leaving a member goes: the group that will be largest after the upgrade (`after`,
-    member -> version) if it has an ACTIVE member now, else the largest group now."""
+    member -> version) if it has an ACTIVE member now with room for a driver and an executor, else the
+    largest group now. `free_cores(version, members)` says how many cores those members have free."""
     groups = routing.version_groups(settings, exclude)
     if after:
         final = routing.largest_group(_groups(after))
-        if groups.get(final):
+        if groups.get(final) and (free_cores is None or free_cores(final, groups[final]) >= CORES_PER_JOB):
             return final
     return routing.largest_group(groups)
 
 
-def upgrade_destination(settings: Settings, exclude: Iterable[str], upgrade_key: str | None) -> str:
+def free_cores_of(settings: Settings, membership: Membership) -> Callable[[str, list[str]], int]:
+    """Free cores of members as their group's master reports them; a master that does not answer has none."""
+    def free(version: str, members: list[str]) -> int:
+        with session_scope(settings.database_url) as s:
+            hosts = set(s.scalars(select(Member.host).where(Member.name.in_(members))))
+        try:
+            return sum(int(w.get("coresfree", 0)) for w in membership.master(version).alive_workers()
+                       if w.get("host") in hosts)
+        except ChangeoverError:
+            return 0
+    return free
+
+
+def upgrade_destination(settings: Settings, exclude: Iterable[str], upgrade_key: str | None,
+                        membership: Membership | None = None) -> str:
     """`destination` for a drain that is part of the upgrade `upgrade_key` (none: the largest group now)."""
     after = None
     if upgrade_key is not None:
@@ -62,7 +81,7 @@ def upgrade_destination(settings: Settings, exclude: Iterable[str], upgrade_key:
             target, phases = (run.target_version, dict((run.progress or {}).get("phases", {}))) if run else ("", {})
         if target:
             after = final_layout(settings, target, [m for m, phase in phases.items() if phase != "SKIPPED"])
-    return destination(settings, exclude, after)
+    return destination(settings, exclude, after, free_cores_of(settings, membership) if membership else None)
 
 
 @dataclass(frozen=True)

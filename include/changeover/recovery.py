@@ -90,10 +90,15 @@ def _return_to_service(settings: Settings, cluster: LocalCluster, member: str, r
         state, version = row.status, row.version
     if state == "DRAINING":
         return drain.abort(settings, cluster, member, reason)
-    cluster.stop_worker(member)  # decommissioned or half restarted: a fresh worker at the version it has
-    cluster.start_worker(member, version)
+    restart = not jobs.drivers_on(settings, cluster, member)  # a running driver is never killed to end an upgrade
+    if restart:
+        cluster.stop_worker(member)  # decommissioned or half restarted: a fresh worker at the version it has
+        cluster.start_worker(member, version)
     with session_scope(settings.database_url) as s:
-        audit.record(s, "member.return", "member", member, was=state, version=version, reason=reason)
+        row = LocalCluster._member(s, member)
+        row.status, row.drain_started_at = "ACTIVE", None
+        audit.record(s, "member.return", "member", member, was=state, version=version, reason=reason,
+                     worker_restarted=restart, still_decommissioned=not restart)
     return True
 
 
@@ -103,16 +108,18 @@ def _withdraw_moves(settings: Settings, cluster: LocalCluster, reason: str) -> l
         moving = list(s.scalars(select(Job.name).where(Job.desired == "MOVE")))
     resumed = []
     for name in moving:
-        with session_scope(settings.database_url) as s:
-            job = lock_row(s, Job, name)
-            if job.desired != "MOVE":
-                continue
-            job.desired = "RUN"
-            code = job.code or ""
-            audit.record(s, "job.stop_withdrawn", "job", name, reason=reason)
         run = jobs.refresh(settings, cluster, name)
         if run is not None and run.state not in jobs.LIVE and not run.parked:
-            jobs.submit(settings, cluster, code, name)  # its driver is gone: continue from its checkpoint
+            # Its driver is gone: continue from its checkpoint. The launch itself withdraws the move (desired
+            # RUN with the new run), so an abort cut short here still finds the job asked to move next time.
+            with session_scope(settings.database_url) as s:
+                code = jobs.get_job(s, name).code or ""
+            jobs.submit(settings, cluster, code, name)
+        with session_scope(settings.database_url) as s:
+            job = lock_row(s, Job, name)
+            if job.desired == "MOVE":
+                job.desired = "RUN"  # a parked run resumes in place
+            audit.record(s, "job.stop_withdrawn", "job", name, reason=reason)
         resumed.append(name)
     return resumed
 

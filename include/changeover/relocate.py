@@ -46,5 +46,12 @@ def step(
         jobs.launch(settings, membership, job_name, target_version, root, from_savepoint=name,
                     replaces_run=run.id, replaces_park=run.parks)
         return True
+    if run.state == "KILLED" and desired == "MOVE":
+        # Its driver died before it parked (killed, or its worker lost): Spark's checkpoint is whole as of its
+        # last commit, so the job goes on from there on the target, replaying the batch it had planned.
+        root = jobs.new_checkpoint_root(settings, job_name)
+        jobs.continue_from(settings, membership, run, root)
+        jobs.launch(settings, membership, job_name, target_version, root)
+        return True
     raise ChangeoverError(f"move of job {job_name}", f"its run {run.id} ended as {run.state}",
                           f"resume it from its newest savepoint: `changeover submit {job_name} --from-savepoint NAME`")

@@ -11,16 +11,21 @@ place, and only then marked COMPLETED. A crash at any moment leaves a complete s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from changeover import audit, checkpoints, faults, processes
 from changeover.digests import DigestCache
@@ -60,11 +65,70 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{processes.start_ticks(os.getpid())}"
 
 
-def _owner_alive(owner: str | None) -> bool:
-    if not owner:
+def lease_seconds() -> float:
+    """How long a savepoint being built stays held without its builder renewing the lease."""
+    return float(os.environ.get("CHANGEOVER_SAVEPOINT_LEASE_SECONDS") or 60)
+
+
+def _held(savepoint: Savepoint) -> bool:
+    """Whether a PENDING savepoint's builder may still be at work. On its own host the process is asked
+    directly; from another host only the lease in the registry can tell, so it waits for the lease to lapse."""
+    if not savepoint.owner:
         return False
-    host, pid, ticks = owner.split(":", 2)
-    return host == socket.gethostname() and processes.is_ours(int(pid), ticks)
+    host, pid, ticks = savepoint.owner.split(":", 2)
+    if host == socket.gethostname():
+        return processes.is_ours(int(pid), ticks)
+    return savepoint.lease_until is not None and as_utc(savepoint.lease_until) > utcnow()
+
+
+def _ours(job_name: str, name: str, owner: str) -> Any:
+    return select(Savepoint).where(Savepoint.job == job_name, Savepoint.name == name, Savepoint.owner == owner,
+                                   Savepoint.status == "PENDING")
+
+
+@dataclass
+class _Lease:
+    """This builder's hold on a PENDING savepoint. `lost` once a renewal found the row no longer ours, or the
+    lease ran out before a renewal got through: another host may then have cleared it and begun anew."""
+
+    owner: str
+    until: float  # monotonic
+    lost: bool = False
+
+    def check(self, what: str) -> None:
+        if self.lost or time.monotonic() > self.until:
+            self.lost = True
+            raise ChangeoverError(what, "this builder lost its lease on it (the registry was out of reach for "
+                                  "longer than the lease, or another process cleared it)", "take it again")
+
+
+@contextlib.contextmanager
+def _leased(settings: Settings, job_name: str, name: str, owner: str) -> Iterator[_Lease]:
+    """Renew the savepoint's lease every third of its length while the body works, so other hosts leave it be."""
+    lease = _Lease(owner, time.monotonic() + lease_seconds())
+    done = threading.Event()
+
+    def renew() -> None:
+        while not done.wait(lease_seconds() / 3):
+            asked = time.monotonic()
+            try:
+                with session_scope(settings.database_url) as s:
+                    row = s.scalar(_ours(job_name, name, owner))
+                    if row is None:
+                        lease.lost = True
+                        return
+                    row.lease_until = utcnow() + timedelta(seconds=lease_seconds())
+                lease.until = asked + lease_seconds()
+            except OperationalError:
+                continue  # the registry busy or away for a moment; `check` notices if it is away too long
+
+    keeper = threading.Thread(target=renew, name=f"savepoint-lease-{job_name}-{name}", daemon=True)
+    keeper.start()
+    try:
+        yield lease
+    finally:
+        done.set()
+        keeper.join()
 
 
 @dataclass(frozen=True)
@@ -146,7 +210,7 @@ def take(
             if exist_ok:
                 return existing
             raise _duplicate(job_name, name)
-        if existing is not None and _owner_alive(existing.owner):
+        if existing is not None and _held(existing):
             raise ChangeoverError(f"savepoint {name!r} of job {job_name}", "another process is taking it now",
                                   "wait for it, or pick another name")
     if existing is not None:
@@ -159,9 +223,18 @@ def take(
     with session_scope(settings.database_url) as s:
         s.add(Savepoint(job=job_name, name=name, mode=mode, status="PENDING", path=str(final), size_bytes=0,
                         spark_version=source.version, stages=source.stages, run_id=source.run_id,
-                        upgrade_key=upgrade_key, owner=_owner()))
+                        upgrade_key=upgrade_key, owner=(owner := _owner()),
+                        lease_until=utcnow() + timedelta(seconds=lease_seconds())))
+    with _leased(settings, job_name, name, owner) as lease:
+        return _build(settings, job_name, name, mode, source, store, final, link, lease)
+
+
+def _build(settings: Settings, job_name: str, name: str, mode: str, source: _Source, store: Path, final: Path,
+           link: bool, lease: _Lease) -> Savepoint:
+    """Copy, describe and publish a savepoint whose PENDING row is written; see `take`. Each builder stages
+    in a folder of its own, and publishes only while its lease holds, so two never mix their files."""
     faults.crash("pending")
-    staging = store / f".staging-{name}"
+    staging = store / f".staging-{name}" / lease.owner.replace(":", "-")
     shutil.rmtree(staging, ignore_errors=True)
     copied: dict[str, os.stat_result] = {}
     for stage, batch in source.stages.items():
@@ -171,6 +244,7 @@ def take(
         copied.update(checkpoints.snapshot_pending(source.root / stage, staging / "stages" / stage, batch,
                                                    prefix=f"stages/{stage}/").files)
         faults.crash("copying")
+        faults.point(settings, f"savepoint.copying.{mode}")
     sink_batches: dict[str, int | None] = {}
     for stage, batch in source.stages.items():
         if (found := _sink(source.sinks.get(stage), settings, job_name, stage)) is not None:
@@ -207,13 +281,24 @@ def take(
     }
     _write_durably(staging / MANIFEST, json.dumps(manifest, separators=(",", ":")))
     faults.crash("manifest")
-    shutil.rmtree(final, ignore_errors=True)  # only ever a leftover of a crash: its row was never COMPLETED
-    os.rename(staging, final)
-    faults.crash("moved")
+    what = f"savepoint {name!r} of job {job_name}"
     with session_scope(settings.database_url) as s:
-        savepoint = s.scalar(select(Savepoint).where(Savepoint.job == job_name, Savepoint.name == name))
-        assert savepoint is not None
+        # Publish under the row's lock, and only while it is ours: a builder that lost its lease backs off.
+        savepoint = s.scalar(_ours(job_name, name, lease.owner).with_for_update())
+        try:
+            if savepoint is None:
+                lease.lost = True
+            lease.check(what)
+        except ChangeoverError:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        shutil.rmtree(final, ignore_errors=True)  # only ever a leftover of a crash: its row was never COMPLETED
+        os.rename(staging, final)
+        with contextlib.suppress(OSError):
+            staging.parent.rmdir()
+        faults.crash("moved")
         savepoint.status, savepoint.size_bytes, savepoint.owner = "COMPLETED", manifest["size_bytes"], None
+        savepoint.lease_until = None
         audit.record(s, "savepoint.create", "savepoint", f"{job_name}/{name}", mode=mode, stages=source.stages,
                      size_bytes=manifest["size_bytes"], spark_version=source.version, hard_links=link)
         return savepoint
@@ -441,9 +526,9 @@ def reconcile(settings: Settings) -> dict[str, list[str]]:
     removed: dict[str, list[str]] = {"rows": [], "folders": []}
     with session_scope(settings.database_url) as s:
         pending = [sp for sp in s.scalars(select(Savepoint).where(Savepoint.status != "COMPLETED"))
-                   if not _owner_alive(sp.owner)]
+                   if not _held(sp)]
         busy = {(sp.job, sp.name) for sp in s.scalars(select(Savepoint).where(Savepoint.status != "COMPLETED"))
-                if _owner_alive(sp.owner)}
+                if _held(sp)}
         for sp in pending:
             shutil.rmtree(sp.path, ignore_errors=True)
             removed["rows"].append(f"{sp.job}/{sp.name}")

@@ -7,11 +7,16 @@ from typing import Any
 
 import httpx
 
+from changeover import rest_auth
 from changeover.errors import ChangeoverError
 
 
 class MasterUnreachable(ChangeoverError):
     """The master did not answer in time: no news about its drivers, neither alive nor dead."""
+
+
+class SubmissionRefused(ChangeoverError):
+    """The master's REST server refused our signature: a wrong key says nothing about its drivers either."""
 
 
 @dataclass(frozen=True)
@@ -23,13 +28,18 @@ class DriverStatus:
 
 
 class SparkMaster:
-    def __init__(self, host: str, webui_port: int, rest_port: int, timeout: float = 10.0) -> None:
+    def __init__(self, host: str, webui_port: int, rest_port: int, timeout: float = 10.0,
+                 rest_key: str | None = None) -> None:
         self.host = host
         self.webui = f"http://{host}:{webui_port}"
         self.rest = f"http://{host}:{rest_port}/v1/submissions"
         self.timeout = timeout
+        self.rest_key = rest_key  # signs every REST request (Spark's JWSFilter); None: an open REST server
 
     def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        if url.startswith(self.rest) and self.rest_key:
+            kwargs["headers"] = {**kwargs.get("headers", {}),
+                                 "Authorization": f"Bearer {rest_auth.signed_token(self.rest_key)}"}
         try:
             response = httpx.request(method, url, timeout=self.timeout, **kwargs)
         except httpx.HTTPError as exc:
@@ -37,6 +47,13 @@ class SparkMaster:
                 f"Spark master at {url}", f"it did not answer within {self.timeout:.0f} s ({exc})",
                 "check it with `changeover cluster status`; the step is retried",
             ) from None
+        if url.startswith(self.rest) and response.status_code in (401, 403):
+            raise SubmissionRefused(
+                f"request to the Spark master's REST server {self.rest}",
+                f"it refused it with HTTP {response.status_code}: submissions must be signed with its key",
+                "give Changeover the master's key (`rest_key_file` in the changeover_default connection, or "
+                "CHANGEOVER_REST_KEY_FILE)",
+            )
         return response
 
     def state(self) -> dict[str, Any]:

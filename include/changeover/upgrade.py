@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from changeover import audit, jobs, relocate, routing
-from changeover.cluster import IDLE_STOP_GRACE, LocalCluster
+from changeover.cluster import IDLE_STOP_GRACE, STOP_GRACE, LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import STOPPING, Job
@@ -27,7 +27,10 @@ def upgrade_member(settings: Settings, cluster: LocalCluster, member: str, versi
                                   f"drain it first with `changeover drain {member}`")
         row.status = "UPGRADING"
         audit.record(s, "member.upgrade.begin", "member", member, from_version=old, to_version=version)
-    cluster.stop_worker(member, grace=IDLE_STOP_GRACE)  # drained: nothing of ours runs there
+    # Drained, nothing of ours runs there: no need to wait on its shutdown hooks. A half-restarted worker
+    # from a try that died may already host drivers the new group's master placed: those get the full grace.
+    idle = not jobs.drivers_on(settings, cluster, member)
+    cluster.stop_worker(member, grace=IDLE_STOP_GRACE if idle else STOP_GRACE)
     cluster.start_worker(member, version)
     if old != version:
         cluster.stop_master_if_empty(old)
@@ -41,8 +44,9 @@ def rebalance_step(settings: Settings, cluster: LocalCluster, upgrade_key: str |
     target = routing.target_version(settings)
     moving = []
     for job, run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True):
-        if run is None or run.state not in (*jobs.LIVE, "STOPPED") or job.desired == "STOP":
-            continue  # not running, or stopped by a user: not ours to move
+        if run is None or job.desired == "STOP" or (run.state not in (*jobs.LIVE, "STOPPED")
+                                                     and job.desired != "MOVE"):
+            continue  # not running, or stopped by a user: not ours to move; one ended mid-move still is
         if not relocate.step(settings, cluster, job.name, target, reason=f"rebalance-{target}",
                              upgrade_key=upgrade_key):
             moving.append(job.name)

@@ -6,10 +6,10 @@ event has exactly one match, within the time bound the watermarks need to purge 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from changeover.runtime import JobContext, KeyedTable, Stage
+from changeover.settings import registry_url
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
@@ -32,5 +32,5 @@ def build(spark: Any, ctx: JobContext) -> list[Stage]:
         "imp_seq = click_seq AND click_ts BETWEEN imp_ts AND imp_ts + interval 5 seconds"))
     rows = matches.select(F.col("imp_seq").alias("seq"), F.col("imp_key").alias("key"),
                           F.date_format("click_ts", "yyyy-MM-dd HH:mm:ss.SSS").alias("clicked_at"))
-    url = ctx.options.get("sink_url") or os.environ["CHANGEOVER_DATABASE_URL"]
+    url = ctx.options.get("sink_url") or registry_url()
     return [Stage("matches", rows, sink(ctx.job, url), "append", ctx.options.get("trigger", "1 second"))]

@@ -3,10 +3,10 @@ upserting into a keyed SQL table (the registry's database unless the job's optio
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from changeover.runtime import JobContext, KeyedTable, Stage
+from changeover.settings import registry_url
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
@@ -32,7 +32,7 @@ def build(spark: Any, ctx: JobContext) -> list[Stage]:
     totals = events.groupBy("key").count()
     windows = (events.withWatermark("ts", WINDOW).groupBy(F.window("ts", WINDOW), "key").count()
                .select("key", F.date_format("window.start", "yyyy-MM-dd HH:mm:ss").alias("window_start"), "count"))
-    declared = sinks(ctx.job, ctx.options.get("sink_url") or os.environ["CHANGEOVER_DATABASE_URL"])
+    declared = sinks(ctx.job, ctx.options.get("sink_url") or registry_url())
     trigger = ctx.options.get("trigger", "1 second")
     # Options for job updates: which stages this version has, and under which names.
     names = {"totals": "totals", "windows": "windows", **ctx.options.get("stage_names", {})}

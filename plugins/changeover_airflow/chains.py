@@ -20,7 +20,7 @@ from changeover_airflow.operators import (
 
 # Every task picks up where the last try was, so retries are cheap; enough of them to outlast spurious
 # retries from the scheduler's deferral race.
-UPGRADE_DEFAULT_ARGS: dict[str, Any] = {"retries": 4, "retry_delay": timedelta(seconds=10)}
+UPGRADE_DEFAULT_ARGS: dict[str, Any] = {"retries": 6, "retry_delay": timedelta(seconds=10)}
 
 
 def upgrade_params(target_description: str, **extra: Param) -> dict[str, Param]:

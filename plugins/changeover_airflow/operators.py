@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -9,6 +10,7 @@ from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 from changeover import jobs, maintenance, roll, savepoints, update, upgrade, upgrades, verify
 from changeover.cluster import LocalCluster
+from changeover.errors import ChangeoverError
 from changeover.settings import Settings
 from changeover.windows import DrainWindow
 
@@ -26,9 +28,11 @@ class ChangeoverOperator(BaseOperator):
 
     upgrade_step = False  # a step of an upgrade DAG: its events carry the upgrade's key
 
-    def __init__(self, *, changeover_conn_id: str = ChangeoverHook.default_conn_name, **kwargs: Any) -> None:
+    def __init__(self, *, changeover_conn_id: str = ChangeoverHook.default_conn_name,
+                 overall_timeout: float | None = 6 * 3600, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.changeover_conn_id = changeover_conn_id
+        self.overall_timeout = overall_timeout  # s a try may spend across all its deferrals
 
     def _setup(self, context: Any) -> tuple[Settings, LocalCluster]:
         ti = context["ti"]
@@ -52,12 +56,31 @@ class ChangeoverOperator(BaseOperator):
         timeout: float | None,
         shutdown_timeout: int | None = None,
         fire_by: datetime | None = None,
+        deadline: float | None = None,
     ) -> None:
+        """Wait in a trigger for the next step: at most `timeout` s for this wait, and never past `deadline`
+        (epoch s), which the first deferral of a try sets from `overall_timeout` and each later one carries."""
+        if deadline is None and self.overall_timeout:
+            deadline = time.time() + self.overall_timeout
+        if deadline is not None:
+            left = deadline - time.time()
+            if left <= 0:
+                raise ChangeoverError(
+                    f"task {self.task_id} ({kind} {subject})",
+                    f"it has waited past its overall deadline of {self.overall_timeout:.0f} s across its waits",
+                    "look at what it waits on in the task log and `changeover upgrade status`; clear the task to "
+                    "retry with a new deadline, or raise overall_timeout",
+                )
+            # the trigger fires at the deadline, so the task comes back to say so; the wait's own timeout
+            # is only a backstop behind it
+            timeout = min(timeout, left + 60) if timeout else left + 60
+        fire_at = min(x for x in (fire_by.timestamp() if fire_by else None, deadline) if x is not None) \
+            if fire_by or deadline else None
         self.defer(
             trigger=ReconcileTrigger(kind, subject, {"home": str(settings.home)}, shutdown_timeout,
-                                     conn_id=self.changeover_conn_id,
-                                     fire_by=fire_by.timestamp() if fire_by else None),
+                                     conn_id=self.changeover_conn_id, fire_by=fire_at),
             method_name="execute_complete",
+            kwargs={"deadline": deadline},
             timeout=timedelta(seconds=timeout) if timeout else None,
         )
 
@@ -119,7 +142,8 @@ class RollingUpgradeOperator(ChangeoverOperator):
         self.drain_needs_seconds = drain_needs_seconds
         self.roll_timeout = roll_timeout
 
-    def execute(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+    def execute(self, context: Any, event: dict[str, Any] | None = None,
+                deadline: float | None = None) -> dict[str, Any]:
         self._skip_if_dry_run(context)
         settings, cluster = self._setup(context)
         timeout = int(self.shutdown_timeout) if self.shutdown_timeout not in (None, "") else None
@@ -131,11 +155,12 @@ class RollingUpgradeOperator(ChangeoverOperator):
             # with a window, come back when it closes at the latest, to undo a drain it closes on
             opening = window.opening_at(datetime.now(UTC)) if window else None
             self._defer("roll", upgrade_key(context), settings, self.roll_timeout, timeout,
-                        fire_by=opening[1] if opening else None)
+                        fire_by=opening[1] if opening else None, deadline=deadline)
         return status.as_dict()
 
-    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.execute(context, event)
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None,
+                         deadline: float | None = None) -> dict[str, Any]:
+        return self.execute(context, event, deadline)
 
 
 class RebalanceJobsOperator(ChangeoverOperator):
@@ -147,17 +172,18 @@ class RebalanceJobsOperator(ChangeoverOperator):
         super().__init__(**kwargs)
         self.rebalance_timeout = rebalance_timeout
 
-    def execute(self, context: Any, event: dict[str, Any] | None = None) -> None:
+    def execute(self, context: Any, event: dict[str, Any] | None = None, deadline: float | None = None) -> None:
         self._skip_if_dry_run(context)
         settings, cluster = self._setup(context)
         upgrades.require_active(settings, upgrade_key(context))
         moving = upgrade.rebalance_step(settings, cluster, upgrade_key=upgrade_key(context))
         if moving:
             self.log.info("still moving: %s", moving)
-            self._defer("rebalance", "jobs", settings, self.rebalance_timeout)
+            self._defer("rebalance", "jobs", settings, self.rebalance_timeout, deadline=deadline)
 
-    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> None:
-        self.execute(context, event)
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None,
+                         deadline: float | None = None) -> None:
+        self.execute(context, event, deadline)
 
 
 class VerifyUpgradeOperator(ChangeoverOperator):
@@ -221,13 +247,14 @@ class SavepointOperator(ChangeoverOperator):
         self.savepoint_name = savepoint_name
         self.mode = mode
 
-    def execute(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+    def execute(self, context: Any, event: dict[str, Any] | None = None,
+                deadline: float | None = None) -> dict[str, Any]:
         settings, cluster = self._setup(context)
         if self.mode == "stop":
             savepoints.request_stop(settings, self.job, reason=f"savepoint {self.savepoint_name}")
             run = jobs.refresh(settings, cluster, self.job)
             if run is not None and run.state in jobs.LIVE:
-                self._defer("stop", self.job, settings, timeout=600)
+                self._defer("stop", self.job, settings, timeout=600, deadline=deadline)
         sp = savepoints.take(settings, self.job, self.savepoint_name, mode=self.mode, exist_ok=True)
         summary = {"job": sp.job, "savepoint": sp.name, "mode": sp.mode, "size_bytes": sp.size_bytes,
                    "spark_version": sp.spark_version, "stages": sp.stages, "path": sp.path}
@@ -235,8 +262,9 @@ class SavepointOperator(ChangeoverOperator):
         self.log.info("savepoint %s/%s: %s", sp.job, sp.name, summary)
         return summary
 
-    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.execute(context, event)
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None,
+                         deadline: float | None = None) -> dict[str, Any]:
+        return self.execute(context, event, deadline)
 
 
 class ResumeFromSavepointOperator(ChangeoverOperator):

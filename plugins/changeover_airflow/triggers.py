@@ -9,6 +9,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from changeover import roll, upgrade
 from changeover.cluster import LocalCluster
 from changeover.settings import Settings
+from changeover.spark_master import MasterUnreachable
 
 # A deferring task's worker reports its own exit after it defers. A trigger that fires before the
 # scheduler has taken that report in makes it see a stale "success" and retry the task (apache/airflow
@@ -17,7 +18,15 @@ SETTLE_SECONDS = 10.0
 
 
 def ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | None) -> tuple[bool, dict[str, Any]]:
-    """Whether the operator has a next step to take: a small, read-mostly observation."""
+    """Whether the operator has a next step to take: a small, read-mostly observation. A master that does not
+    answer is no news: the trigger keeps polling rather than failing the task."""
+    try:
+        return _ready(kind, subject, settings, shutdown_timeout)
+    except MasterUnreachable as exc:
+        return False, {"unanswered": str(exc)}
+
+
+def _ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | None) -> tuple[bool, dict[str, Any]]:
     if kind == "roll":
         status = roll.observe(settings, LocalCluster(settings), subject, shutdown_timeout)
         return status.drain is None or status.drain.actionable, status.as_dict()

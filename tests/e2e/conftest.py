@@ -7,6 +7,7 @@ registry outlive the test, as they would in production.
 
 from __future__ import annotations
 
+import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from changeover.registry.db import forget_engines
 from changeover.registry.schema import migrate
 from changeover.settings import CHECKOUT, Settings
 from conftest import PG_ADMIN_URL
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 ARTIFACTS = CHECKOUT / "test-artifacts"
 
@@ -45,10 +48,28 @@ def _dags_folder(folder: Path) -> Path:
     return folder
 
 
+REGISTRY_ROLE, REGISTRY_PASSWORD = "changeover_app", f"pw-{secrets.token_hex(8)}"
+
+
+def _with_password(url: str) -> str:
+    """The registry as a role with a password, as in production; the server's trust auth does not check it,
+    but every process is handed it, so the tests can look for it where it must never be."""
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        if not conn.scalar(text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": REGISTRY_ROLE}):
+            conn.execute(text(f"CREATE ROLE {REGISTRY_ROLE} LOGIN"))
+        conn.execute(text(f"ALTER ROLE {REGISTRY_ROLE} PASSWORD '{REGISTRY_PASSWORD}'"))
+        conn.execute(text(f'ALTER DATABASE "{make_url(url).database}" OWNER TO {REGISTRY_ROLE}'))
+    admin.dispose()
+    return make_url(url).set(username=REGISTRY_ROLE, password=REGISTRY_PASSWORD).render_as_string(
+        hide_password=False)
+
+
 def _stack(kind: str, root: Path, pg_database) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
     if kind == "postgresql" and not PG_ADMIN_URL:
         pytest.skip("set CHANGEOVER_TEST_DATABASE_URL to run this against PostgreSQL (CI does)")
-    registry = f"sqlite:///{root / 'registry.db'}" if kind == "sqlite" else pg_database("changeover_e2e")
+    registry = (f"sqlite:///{root / 'registry.db'}" if kind == "sqlite"
+                else _with_password(pg_database("changeover_e2e")))
     metadata = f"sqlite:///{root / 'airflow.db'}" if kind == "sqlite" else pg_database("changeover_e2e_airflow")
     settings = Settings.from_env(home=root / "home", database_url=registry)
     migrate(registry)

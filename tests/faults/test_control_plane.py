@@ -183,3 +183,57 @@ def test_an_upgrade_that_succeeded_cannot_be_aborted_and_an_unknown_one_is_named
     with pytest.raises(ChangeoverError, match=r"no such upgrade \(latest: faults/2, faults/1\)"):
         recovery.status(settings, "faults/9")
 
+
+
+# After the upgrades above both members run 4.3.0: the drains below move jobs between them.
+def _drain_until_done(settings: Settings, cluster: LocalCluster, member: str, timeout: float) -> None:
+    wait_for(lambda: drain.step(settings, cluster, member, 30).done, timeout, f"the drain of {member}",
+             interval=2.0, retryable=())
+
+
+def _moved_off(settings: Settings, cluster: LocalCluster, name: str, before: JobRun) -> JobRun:
+    run = jobs.refresh(settings, cluster, name)
+    assert run is not None and run.id != before.id and run.member != before.member and run.state in jobs.LIVE
+    return run
+
+
+def test_a_driver_killed_after_its_stop_was_asked_goes_on_from_its_checkpoint_elsewhere(
+    settings: Settings, cluster: LocalCluster
+) -> None:
+    generator = _start(settings, cluster, "killed_mid_stop")
+    first = jobs.refresh(settings, cluster, "killed_mid_stop")
+    assert first is not None and first.member in ("a1", "a2")
+    try:
+        assert drain.step(settings, cluster, first.member, 30).stopping == ["killed_mid_stop"]  # stop asked
+        driver = next(p for p in psutil.process_iter(["cmdline"])
+                      if f"--job killed_mid_stop --run-id {first.id} " in " ".join(p.info["cmdline"] or []))
+        for process in (driver, driver.parent()):  # the job's Python and the driver JVM that runs it
+            process.kill()
+        _drain_until_done(settings, cluster, first.member, 400)
+        _moved_off(settings, cluster, "killed_mid_stop", first)
+    finally:
+        generator.stop()
+    with session_scope(settings.database_url) as s:
+        ended = s.get(JobRun, first.id)
+        # Killed before it parked (KILLED, continued from its checkpoint) or just after (saved, then resumed).
+        assert ended is not None and ended.ended_at is not None and ended.state in ("KILLED", "STOPPED")
+    _assert_exact(settings, "killed_mid_stop", generator)
+    upgrade.upgrade_member(settings, cluster, first.member, "4.3.0")  # back in service for the next test
+
+
+def test_a_worker_lost_mid_drain_leaves_no_job_behind(settings: Settings, cluster: LocalCluster) -> None:
+    generator = _start(settings, cluster, "worker_lost")
+    first = jobs.refresh(settings, cluster, "worker_lost")
+    assert first is not None and first.member in ("a1", "a2")
+    try:
+        drain.step(settings, cluster, first.member, 30)  # stop asked
+        pid, _ticks = (settings.cluster_dir / "pids" / f"worker-{first.member}.pid").read_text().split()
+        os.killpg(int(pid), signal.SIGKILL)  # the host is gone: its worker, the driver and executors on it
+        _drain_until_done(settings, cluster, first.member, 400)
+        _moved_off(settings, cluster, "worker_lost", first)
+    finally:
+        generator.stop()
+    _assert_exact(settings, "worker_lost", generator)
+    upgrade.upgrade_member(settings, cluster, first.member, "4.3.0")
+    with session_scope(settings.database_url) as s:
+        assert s.get(Member, first.member).status == "ACTIVE"

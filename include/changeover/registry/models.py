@@ -124,6 +124,7 @@ class Savepoint(Base):
     run_id: Mapped[int | None]
     upgrade_key: Mapped[str | None] = mapped_column(String(250))  # the upgrade that took it, if any
     owner: Mapped[str | None] = mapped_column(String(100))  # "host:pid:start" of the process building it
+    lease_until: Mapped[datetime | None]  # while PENDING: its builder renews this; past it, any host may clear it
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -64,6 +64,17 @@ class Driver:
         self.job = job
         self.run_id = run_id
 
+    def record_submission(self, cwd: Path) -> None:
+        """The second half of a launch whose answer was lost (its task killed after the master accepted it):
+        a worker runs each driver in a folder named by its submission id, so the driver can name it itself."""
+        if not cwd.name.startswith("driver-"):
+            return
+        with session_scope(self.url) as s:
+            run = s.get(JobRun, self.run_id)
+            if run is not None and run.submission_id is None:
+                run.submission_id = cwd.name
+                audit.record(s, "job.submission_reconciled", "job", self.job, run=self.run_id, submission=cwd.name)
+
     def fail(self, message: str) -> None:
         with session_scope(self.url) as s:
             run = s.get(JobRun, self.run_id)
@@ -248,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds, args.stop_deadline)
+    driver.record_submission(Path.cwd())
     spark = SparkSession.builder.appName(f"changeover-{args.job}").getOrCreate()
     try:
         if spark.version != args.expected_version:

@@ -1,0 +1,50 @@
+"""Credentials by reference: the registry URL reaches child processes as a file only this user reads, never in
+their environment; triggers carry no URL; the Airflow hook masks the password. No process is started here: the
+end-to-end run on PostgreSQL checks the same in real task logs and drivers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from changeover.settings import Settings
+
+URL = "postgresql+psycopg://app:s3cret-pw@127.0.0.1:5432/registry"
+
+
+def test_child_processes_get_the_registry_url_by_a_private_file(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings.from_env(home=tmp_path, database_url=URL)
+    env = settings.as_env()
+    assert not any("s3cret-pw" in value for value in env.values()), env
+    reference = Path(env["CHANGEOVER_DATABASE_URL_FILE"])
+    assert oct(reference.stat().st_mode & 0o777) == "0o600" and reference.read_text() == URL
+
+    monkeypatch.delenv("CHANGEOVER_DATABASE_URL", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert Settings.from_env().database_url == URL  # what a driver or a CLI child reads
+
+
+def test_a_trigger_carries_no_registry_url(tmp_path: Path) -> None:
+    from changeover_airflow.triggers import ReconcileTrigger
+
+    settings = Settings.from_env(home=tmp_path, database_url=URL)
+    _path, kwargs = ReconcileTrigger("roll", "dag/run", {"home": str(settings.home)}).serialize()
+    assert "s3cret-pw" not in json.dumps(kwargs) and "postgresql" not in json.dumps(kwargs)
+
+
+def test_the_hook_puts_the_connections_password_into_the_url_and_masks_it(tmp_path: Path) -> None:
+    from airflow.sdk._shared.secrets_masker import _secrets_masker
+    from changeover_airflow.hooks import ChangeoverHook
+
+    bare = "postgresql+psycopg://app@127.0.0.1:5432/registry"
+    assert ChangeoverHook.registry_url({"database_url": bare}, "s3cret-pw") == URL
+    (tmp_path / "url").write_text(bare + "\n")
+    assert ChangeoverHook.registry_url({"database_url_file": str(tmp_path / "url")}, "s3cret-pw") == URL
+    sqlite = f"sqlite:///{tmp_path / 'registry.db'}"
+    assert ChangeoverHook.registry_url({"database_url": sqlite}, "s3cret-pw") == sqlite
+
+    ChangeoverHook._mask(URL)
+    assert "s3cret-pw" not in _secrets_masker().redact(f"connecting to {URL}")
