@@ -72,3 +72,41 @@ def test_a_failed_upgrade_takes_its_lock_back_only_when_no_other_holds_it(settin
     upgrades.require_active(settings, "dag/a")
     assert [e.action for e in audit.find(settings.database_url, upgrade="dag/a")] == [
         "upgrade.begin", "upgrade.end", "upgrade.resume"]
+
+
+def test_verify_fails_an_upgrade_that_left_a_job_down_and_names_the_savepoint_it_holds(settings: Settings) -> None:
+    """Its new version failed the job on its first batch: the DAG must not report success. A job a user stopped,
+    or one that was down before the upgrade began, is not the upgrade's doing."""
+    import os
+    from datetime import timedelta
+
+    from changeover import processes, verify
+    from changeover.registry.models import Job, JobRun, Master, Savepoint, utcnow
+
+    with session_scope(settings.database_url) as s:  # this test's own process stands in for the member's worker
+        s.add(Member(name="m1", version="4.3.0", host="127.0.1.1", status="ACTIVE", pid=os.getpid(),
+                     pid_started=processes.start_ticks(os.getpid())))
+        s.add(Master(version="4.3.0", host="127.0.0.1", port=1, webui_port=2, rest_port=3, status="RUNNING"))
+    upgrades.begin(settings, "dag/up", "4.3.0", {"m1": "4.2.0"})
+    roll.start(settings, "dag/up", ["m1"], live_jobs=["clicks", "stopped"])  # "old" was already down
+    long_ago = utcnow() - timedelta(days=1)
+    for name, desired, ended in (("clicks", "RUN", utcnow()), ("stopped", "STOP", utcnow()), ("old", "RUN", long_ago)):
+        with session_scope(settings.database_url) as s:
+            s.add(Job(name=name, module="jobs.clicks", fault_tolerant=True, block_shutdown=False, options={},
+                      desired=desired))
+            s.flush()
+            run = JobRun(job=name, spark_version="4.3.0", master_url="spark://x", state="FAILED", progress={},
+                         error="job clicks: PythonException: poisoned event", ended_at=ended)
+            s.add(run)
+            s.flush()
+            s.get(Job, name).current_run_id = run.id
+            s.add(Savepoint(job=name, name=f"drain-m1-run{run.id}-stop1", mode="stop", status="COMPLETED",
+                            path="/x", size_bytes=1, spark_version="4.2.0", stages={}, upgrade_key="dag/up"))
+
+    with pytest.raises(ChangeoverError) as failed:
+        verify.verify(settings, LocalCluster(settings), "4.3.0", upgrade_key="dag/up")
+    said = str(failed.value)
+    assert "job clicks is down: its run 1 on Spark 4.3.0 ended FAILED (job clicks: PythonException: poisoned " \
+           "event); the upgrade holds its savepoint drain-m1-run1-stop1" in said, said
+    assert "stopped" not in said and "job old" not in said
+    assert upgrades.status(settings, "dag/up") == "RUNNING"  # not verified: the lock stays for the finish task

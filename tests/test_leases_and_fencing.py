@@ -87,6 +87,26 @@ def test_an_expired_lease_fences_a_successor_that_has_not_written(settings: Sett
     write_batch(settings, old)
 
 
+@pytest.mark.parametrize(("lease_ended_ago", "successor_heard_ago", "decision"), [
+    (1, 2, "wait"),  # alive and still starting: more time
+    (1, None, "resume"),  # launched, but its driver was never heard from
+    (1, 60, "resume"),  # heard from long ago: stuck
+    (250, 2, "resume"),  # alive, but past two more lease lengths (2 x 120 s): the old run takes the job back
+])
+def test_a_live_successor_still_starting_gets_more_time_but_not_forever(
+    settings: Settings, lease_ended_ago: float, successor_heard_ago: float | None, decision: str
+) -> None:
+    """On a loaded cluster a successor's start may outlast the lease: while its driver heartbeats, the parked
+    run waits rather than fence it and start the same slow launch again."""
+    old = _job_with_parked_run(settings, lease_left=3600)
+    new = _successor(settings)
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, old).lease_until = utcnow() - timedelta(seconds=lease_ended_ago)
+        s.get(JobRun, new).heartbeat_at = (utcnow() - timedelta(seconds=successor_heard_ago)
+                                           if successor_heard_ago is not None else None)
+    assert lease.decide(settings.database_url, "clicks", old) == decision
+
+
 def test_a_users_stop_is_never_undone_by_the_lease(settings: Settings) -> None:
     old = _job_with_parked_run(settings, lease_left=0)
     with session_scope(settings.database_url) as s:

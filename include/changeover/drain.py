@@ -18,6 +18,7 @@ from sqlalchemy import or_, select
 
 from changeover import audit, faults, jobs, placement, relocate, savepoints
 from changeover.cluster import LocalCluster, Membership
+from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_all, session_scope
 from changeover.registry.models import STOPPING, Job, JobRun, Member, utcnow
 from changeover.settings import Settings
@@ -149,10 +150,17 @@ def step(
     if after.decommissioned and after.stopped:  # decommissioned first, so a resumed driver cannot land here
         faults.point(settings, "drain.after_stop")
         target = placement.upgrade_destination(settings, _not_serving(settings), upgrade_key, membership)
-        for name in after.stopped:
-            if relocate.step(settings, membership, name, target, reason=f"drain-{member}", avoid_member=member,
-                             upgrade_key=upgrade_key):
-                _record(settings, "drain.saved", member, name, resumed_on=target)
+        refused: list[ChangeoverError] = []
+        for name in after.stopped:  # one job that cannot move does not hold back the others
+            try:
+                if relocate.step(settings, membership, name, target, reason=f"drain-{member}",
+                                 avoid_member=member, upgrade_key=upgrade_key):
+                    _record(settings, "drain.saved", member, name, resumed_on=target)
+            except ChangeoverError as exc:
+                refused.append(exc)
+        if refused:
+            raise ChangeoverError(f"drain of member {member}", "; ".join(str(e) for e in refused),
+                                  "fix or resume those jobs as said, then retry the task")
         after = plan(settings, membership, member, shutdown_timeout)
     if current.status != "ACTIVE" and after.decommissioned and after.executors == 0 and not after.jobs_left:
         with session_scope(settings.database_url) as s:
@@ -205,12 +213,8 @@ def abort(settings: Settings, membership: Membership, member: str, reason: str) 
     current = plan(settings, membership, member)
     if current.status not in ("ACTIVE", "DRAINING"):
         return False  # already drained: finishing the upgrade is quicker than undoing it
-    with session_scope(settings.database_url) as s:
-        for name in [*current.save, *current.stopping, *current.stopped]:
-            job = s.get(Job, name)
-            if job is not None and job.desired == "MOVE":
-                job.desired = "RUN"
-                audit.record(s, "job.stop_withdrawn", "job", name, member=member, reason=reason)
+    for name in [*current.save, *current.stopping, *current.stopped]:
+        relocate.withdraw(settings, membership, name, reason, member=member)
     restart = current.decommissioned and not jobs.drivers_on(settings, membership, member)
     if restart:
         with session_scope(settings.database_url) as s:

@@ -172,6 +172,7 @@ def launch(
     allow_non_restored_state: bool = False,
     replaces_run: int | None = None,
     replaces_park: int | None = None,
+    continues_move: int | None = None,
 ) -> JobRun:
     """Place a Python driver on a worker of the version group through the master's REST server.
 
@@ -179,6 +180,8 @@ def launch(
     reclaimed the job (its lease ran out), or stopped again since (replaces_park, its park count then), so
     that a late orchestrator never fences a live run nor starts from a stale savepoint. The replaced run's
     lease then counts from this launch: the successor's start is not charged to it.
+    continues_move: the run, ended on its way to a move, that this launch continues; refused if the job is no
+    longer asked to move (someone cancelled or stopped it meanwhile) or another run took over.
     """
     runtime = find_runtime(settings.runtimes_dir, version)
     master = membership.master(version)
@@ -188,6 +191,12 @@ def launch(
                               f"its master now serves Spark {served}", "retry: routing will pick the group again")
     with session_scope(settings.database_url) as s:
         job = get_job(s, job_name)
+        if continues_move is not None:
+            job = lock_row(s, Job, job_name)
+            if job.desired != "MOVE" or job.current_run_id != continues_move:
+                raise ChangeoverError(f"launch of job {job_name} to continue its move", f"it is no longer asked "
+                                      f"to move from run {continues_move}: someone stopped it, or another run "
+                                      "took over", "leave it as it is; retry the task to look at the job again")
         if replaces_run is not None:
             job = lock_row(s, Job, job_name)
             before = current_run(s, job)
@@ -378,20 +387,25 @@ def wait_until_committed(settings: Settings, membership: Membership, job_name: s
 
 def cancel(settings: Settings, membership: Membership, job_name: str, reason: str) -> None:
     with session_scope(settings.database_url) as s:
-        run = current_run(s, get_job(s, job_name))
+        job = lock_row(s, Job, job_name)
+        run = current_run(s, job)
         if run is None or run.state not in LIVE or run.submission_id is None:
             return
-        version, submission = run.spark_version, run.submission_id
+        # First, under the job's lock: a cancel is someone's intent, and no drain, rebalance or abort that sees
+        # the run end afterwards brings the job back.
+        job.desired = "STOP"
+        version, submission, run_id = run.spark_version, run.submission_id, run.id
     master = membership.master(version)
     master.kill(submission)
     # Returns once the master says the driver has ended: a resubmit may then take over its checkpoint.
     wait_for(lambda: master.status(submission).state not in ("SUBMITTED", "RUNNING", "RELAUNCHING"), 120,
              f"the driver of job {job_name} ending after its cancel")
     with session_scope(settings.database_url) as s:
-        run = current_run(s, get_job(s, job_name))
+        run = s.get(JobRun, run_id)
         assert run is not None
-        run.state, run.ended_at = "KILLED", utcnow()
-        audit.record(s, "job.cancel", "job", job_name, run=run.id, reason=reason)
+        if run.state in LIVE:
+            run.state, run.ended_at = "KILLED", utcnow()
+        audit.record(s, "job.cancel", "job", job_name, run=run_id, reason=reason)
 
 
 def list_jobs(settings: Settings) -> list[dict[str, Any]]:

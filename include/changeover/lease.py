@@ -75,7 +75,8 @@ def decide(url: str, job: str, run_id: int) -> Decision:
                 run.ended_at, run.lease_until = now, None
                 audit.record(s, "job.handoff", "job", job, run=run_id, successor=successor.id)
                 return "exit"
-            if not expired:
+            length = float((row.options or {}).get("lease_seconds") or lease_seconds())
+            if not expired or _starting(successor, run, length, now):
                 return "wait"
             row.current_run_id, row.desired = run_id, "RUN"
             _resume(s, job, run, "its lease ran out before the successor wrote anything; the successor is fenced",
@@ -89,6 +90,23 @@ def decide(url: str, job: str, run_id: int) -> Decision:
         row.desired = "RUN"
         _resume(s, job, run, "its lease ran out and no successor was launched")
         return "resume"
+
+
+STARTING_HEARTBEAT_SECONDS = 15.0  # a successor heard from this recently is alive
+GRACE_LEASES = 2  # how many more lease lengths a live successor may take to start, on a loaded cluster
+
+
+def _starting(successor: JobRun | None, run: JobRun, length: float, now: Any) -> bool:
+    """A successor that is alive and still starting (its driver heartbeats from its session's start) gets more
+    time: fencing it and resuming the old run would only start the same slow launch again. Bounded, so a
+    successor stuck starting still hands the job back."""
+    if successor is None or successor.ended_at is not None or successor.heartbeat_at is None:
+        return False
+    if run.lease_until is None:
+        return False
+    fresh = (now - as_utc(successor.heartbeat_at)).total_seconds() <= STARTING_HEARTBEAT_SECONDS
+    cap = as_utc(run.lease_until) + timedelta(seconds=GRACE_LEASES * length)
+    return fresh and now < cap
 
 
 def _taken_over_since(s: Any, job: str, run_id: int) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, drain, jobs, upgrades
+from changeover import audit, drain, jobs, relocate, upgrades
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
@@ -106,22 +106,9 @@ def _withdraw_moves(settings: Settings, cluster: LocalCluster, reason: str) -> l
     """Jobs still asked to move run again where they are: a parked run resumes, an ended one continues."""
     with session_scope(settings.database_url) as s:
         moving = list(s.scalars(select(Job.name).where(Job.desired == "MOVE")))
-    resumed = []
     for name in moving:
-        run = jobs.refresh(settings, cluster, name)
-        if run is not None and run.state not in jobs.LIVE and not run.parked:
-            # Its driver is gone: continue from its checkpoint. The launch itself withdraws the move (desired
-            # RUN with the new run), so an abort cut short here still finds the job asked to move next time.
-            with session_scope(settings.database_url) as s:
-                code = jobs.get_job(s, name).code or ""
-            jobs.submit(settings, cluster, code, name)
-        with session_scope(settings.database_url) as s:
-            job = lock_row(s, Job, name)
-            if job.desired == "MOVE":
-                job.desired = "RUN"  # a parked run resumes in place
-            audit.record(s, "job.stop_withdrawn", "job", name, reason=reason)
-        resumed.append(name)
-    return resumed
+        relocate.withdraw(settings, cluster, name, reason)
+    return moving
 
 
 def _get(s: Any, key: str) -> UpgradeRun:

@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
-from changeover import jobs, savepoints
+from changeover import audit, jobs, savepoints
 from changeover.cluster import Membership
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
-from changeover.registry.db import session_scope
+from changeover.registry.db import lock_row, session_scope
+from changeover.registry.models import Job
 from changeover.settings import Settings
 
 
@@ -49,9 +50,29 @@ def step(
     if run.state == "KILLED" and desired == "MOVE":
         # Its driver died before it parked (killed, or its worker lost): Spark's checkpoint is whole as of its
         # last commit, so the job goes on from there on the target, replaying the batch it had planned.
+        require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
         root = jobs.new_checkpoint_root(settings, job_name)
         jobs.continue_from(settings, membership, run, root)
-        jobs.launch(settings, membership, job_name, target_version, root)
+        jobs.launch(settings, membership, job_name, target_version, root, continues_move=run.id)
         return True
     raise ChangeoverError(f"move of job {job_name}", f"its run {run.id} ended as {run.state}",
                           f"resume it from its newest savepoint: `changeover submit {job_name} --from-savepoint NAME`")
+
+
+def withdraw(settings: Settings, membership: Membership, job_name: str, reason: str, **details: object) -> None:
+    """Undo a job's move where it is: a parked run resumes in place, a run killed on the way (driver killed, its
+    worker lost) or stopped and ended continues from its checkpoint. A run that failed on its own code is left
+    down: running it again would fail again. Safe to repeat: the launch itself clears the move."""
+    run = jobs.refresh(settings, membership, job_name)
+    with session_scope(settings.database_url) as s:
+        job = jobs.get_job(s, job_name)
+        if job.desired != "MOVE":
+            return
+        code = job.code or ""
+    if run is not None and not run.parked and (run.state == "KILLED" or (run.state == "STOPPED" and run.ended_at)):
+        jobs.submit(settings, membership, code, job_name)
+    with session_scope(settings.database_url) as s:
+        job = lock_row(s, Job, job_name)
+        if job.desired == "MOVE":
+            job.desired = "RUN"
+        audit.record(s, "job.stop_withdrawn", "job", job_name, reason=reason, **details)

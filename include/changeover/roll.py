@@ -42,12 +42,14 @@ class RollStatus:
                 "drain": self.drain.as_dict() if self.drain else None}
 
 
-def start(settings: Settings, upgrade_key: str, members: list[str]) -> list[str]:
-    """Record the order once; a retried preflight keeps the progress already made. Returns the order kept."""
+def start(settings: Settings, upgrade_key: str, members: list[str], live_jobs: list[str] | None = None) -> list[str]:
+    """Record the order once, and the fault-tolerant jobs running as it begins (verify expects each of them
+    running after it); a retried preflight keeps the progress already made. Returns the order kept."""
     with session_scope(settings.database_url) as s:
         run = _upgrade(s, upgrade_key)
         if not run.progress:
-            run.progress = {"order": list(members), "phases": dict.fromkeys(members, PENDING), "reasons": {}}
+            run.progress = {"order": list(members), "phases": dict.fromkeys(members, PENDING), "reasons": {},
+                            "jobs": list(live_jobs or [])}
         return list(run.progress["order"])
 
 

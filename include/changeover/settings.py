@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from changeover.errors import ChangeoverError
 from changeover.private_file import write_private
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -77,7 +78,15 @@ class Settings:
 
 def _read_reference() -> str | None:
     path = os.environ.get("CHANGEOVER_DATABASE_URL_FILE")
-    return Path(path).read_text().strip() if path else None
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise ChangeoverError(f"the registry URL file {path} (CHANGEOVER_DATABASE_URL_FILE)",
+                              f"it cannot be read: {exc.strerror}",
+                              "point it at the file Changeover wrote under its home's secrets/ folder, or unset "
+                              "it and set CHANGEOVER_DATABASE_URL") from None
 
 
 def registry_url() -> str:

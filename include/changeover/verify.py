@@ -11,9 +11,10 @@ from changeover import audit, jobs, placement, processes, roll, routing, upgrade
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
-from changeover.registry.models import Master, Member, UpgradeRun
+from changeover.registry.models import Master, Member, Savepoint, UpgradeRun
 from changeover.runtimes import check_version, find_runtime, java_home
 from changeover.settings import Settings
+from changeover.timeutil import as_utc
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,14 @@ def preflight(
         old = {n: rows[n].version for n in todo}
     moves = placement.plan_moves(settings, target, todo)
     todo = moves.order
+    # observed before the upgrade begins, so a run found ended now is not counted as ended during it
+    live = [job.name for job, run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True)
+            if run is not None and run.state in jobs.LIVE] if not dry_run else []
     for name in {rows[n].version for n in todo}:
         cluster.master(name)  # each group being left must have a live master
     if not dry_run:
         upgrades.begin(settings, upgrade_key, target, old)
-        todo = roll.start(settings, upgrade_key, todo)
+        todo = roll.start(settings, upgrade_key, todo, live)
     return UpgradePlan(target, todo, old, [j for j in jobs.list_jobs(settings) if j["state"] in jobs.LIVE], moves)
 
 
@@ -67,6 +71,8 @@ def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: 
     with session_scope(settings.database_url) as s:
         run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
         members = dict(run.members) if run else {}
+        started = run.started_at if run else None
+        watched = set(((run.progress or {}) if run else {}).get("jobs", []))  # running as it began
         phases = dict(((run.progress or {}) if run else {}).get("phases", {}))
         skipped = {m: p for m, p in phases.items() if p == roll.SKIPPED}
         for name in [m for m in members if m not in skipped]:
@@ -84,6 +90,13 @@ def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: 
             placed[job.name] = job_run.spark_version
             if job_run.spark_version != largest:
                 problems.append(f"job {job.name} runs at {job_run.spark_version}, not on the largest group {largest}")
+        elif job.name in watched and job_run is not None and job.desired != "STOP" and job_run.ended_at is not None \
+                and started is not None and as_utc(job_run.ended_at) >= as_utc(started):
+            # ended during the upgrade, not by anyone's stop: e.g. its new version failed on its first batch
+            held = _savepoints_of(settings, upgrade_key, job.name)
+            problems.append(f"job {job.name} is down: its run {job_run.id} on Spark {job_run.spark_version} ended "
+                            f"{job_run.state} ({job_run.error or 'no reason recorded'})"
+                            + (f"; the upgrade holds its savepoint {held[-1]}, to resume it from" if held else ""))
     with session_scope(settings.database_url) as s:
         audit.record(s, "upgrade.verify", "upgrade", upgrade_key, outcome="failed" if problems else "ok",
                      members=members, jobs=placed, problems=problems, skipped=sorted(skipped))
@@ -92,3 +105,10 @@ def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: 
                               "look at the audit trail with `changeover events` and retry the failed task")
     upgrades.release(settings, upgrade_key, "SUCCEEDED", "verified")
     return {"target_version": target, "members": members, "jobs": placed, "skipped": sorted(skipped)}
+
+
+def _savepoints_of(settings: Settings, upgrade_key: str, job: str) -> list[str]:
+    with session_scope(settings.database_url) as s:
+        return list(s.scalars(select(Savepoint.name).where(
+            Savepoint.upgrade_key == upgrade_key, Savepoint.job == job, Savepoint.status == "COMPLETED")
+            .order_by(Savepoint.id)))

@@ -159,8 +159,9 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
 
 
 def _a_cli_drain_racing_the_roll_is_refused(stack: Stack) -> None:
-    """While the DAG drains one member, a person drains another from the CLI: the member rows are locked
-    (FOR UPDATE on PostgreSQL), so one drain wins and the other is refused, naming the winner."""
+    """While the DAG drains one member, a person drains another from the CLI, through the same registry on
+    PostgreSQL: refused, naming the member being drained, and nothing changes. (Two drains beginning at the
+    very same moment are settled by the member rows' lock: tests/test_control_plane_registry.py.)"""
     status = {m["name"]: m["status"] for m in stack.cluster.status()["members"]}
     draining = [m for m, s in status.items() if s in ("DRAINING", "DRAINED", "UPGRADING")]
     idle = [m for m, s in status.items() if s == "ACTIVE" and m not in draining]

@@ -75,6 +75,12 @@ class Driver:
                 run.submission_id = cwd.name
                 audit.record(s, "job.submission_reconciled", "job", self.job, run=self.run_id, submission=cwd.name)
 
+    def heartbeat(self) -> None:
+        with session_scope(self.url) as s:
+            run = s.get(JobRun, self.run_id)
+            if run is not None and run.ended_at is None:
+                run.heartbeat_at = utcnow()
+
     def fail(self, message: str) -> None:
         with session_scope(self.url) as s:
             run = s.get(JobRun, self.run_id)
@@ -261,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds, args.stop_deadline)
     driver.record_submission(Path.cwd())
     spark = SparkSession.builder.appName(f"changeover-{args.job}").getOrCreate()
+    driver.heartbeat()  # alive from the session's start: a parked predecessor then waits for this run to start
     try:
         if spark.version != args.expected_version:
             message = version_mismatch(args.job, spark.version, args.expected_version)
