@@ -213,6 +213,10 @@ def launch(
         s.add(run)
         s.flush()
         job.current_run_id, job.desired = run.id, "RUN"
+        # The launch's first half, on record with the run: its second (`job.launch`, with the master's
+        # submission id) may be lost with the task, and the driver then reconciles it.
+        audit.record(s, "job.launch.begin", "job", job_name, run=run.id, version=version,
+                     from_savepoint=from_savepoint)
         module, entry, code, run_id = job.module, job.entry, job.code, run.id
         spark_settings = SparkSettings.from_options(job.options.get("spark") or {})
         stop_deadline = float(job.options.get("stop_deadline_seconds", 60))

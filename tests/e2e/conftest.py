@@ -7,6 +7,7 @@ registry outlive the test, as they would in production.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from changeover import local_airflow
+from changeover import jobs, local_airflow
 from changeover.cluster import LocalCluster
+from changeover.errors import ChangeoverError
 from changeover.registry.db import forget_engines
 from changeover.registry.schema import migrate
 from changeover.settings import CHECKOUT, Settings
@@ -102,4 +104,14 @@ def members(stack: Stack) -> Iterator[list[str]]:
         stack.cluster.up([(m, "4.2.0") for m in names])
         yield names
     finally:
+        _cancel_live_jobs(stack)
         stack.cluster.down()
+
+
+def _cancel_live_jobs(stack: Stack) -> None:
+    """A test's jobs end with it: a run left RUNNING in the registry would be checked, replayed and waited on
+    by the next test's upgrade until its master's silence made it lost."""
+    for job in jobs.list_jobs(stack.settings):
+        if job["state"] in jobs.LIVE:
+            with contextlib.suppress(ChangeoverError):
+                jobs.cancel(stack.settings, stack.cluster, job["name"], reason="the test is over")

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from changeover import audit, drain, faults, jobs, recovery, roll, upgrade, upgrades
+from changeover import audit, drain, faults, jobs, recovery, relocate, roll, upgrade, upgrades
 from changeover.cluster import LocalCluster, wait_for
 from changeover.errors import ChangeoverError
 from changeover.generator import Generator
 from changeover.registry.db import session_scope
-from changeover.registry.models import JobRun, Master, Member, utcnow
+from changeover.registry.models import Job, JobRun, Master, Member, utcnow
 from changeover.registry.schema import migrate
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
@@ -47,6 +47,27 @@ def cluster(settings: Settings) -> Iterator[LocalCluster]:
     left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
             if any(home in part for part in p.info["cmdline"] or [])]
     assert left == [], f"processes left behind: {left}"
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_to_the_next_test(settings: Settings, cluster: LocalCluster) -> Iterator[None]:
+    """Each test's jobs end with it, and a member it left mid-drain goes back to service, so the next test
+    drains only what it started."""
+    yield
+    with session_scope(settings.database_url) as s:
+        moving = list(s.scalars(select(Job.name).where(Job.desired == "MOVE")))
+        busy = [(m.name, m.status, m.version) for m in s.scalars(select(Member).where(Member.status != "ACTIVE"))
+                if m.status != "STOPPED"]
+    for name in moving:
+        relocate.withdraw(settings, cluster, name, "test cleanup")
+    for name, status, version in busy:
+        if status == "DRAINING":
+            drain.abort(settings, cluster, name, "test cleanup")
+        else:
+            upgrade.upgrade_member(settings, cluster, name, version)
+    for job in jobs.list_jobs(settings):
+        if job["state"] in jobs.LIVE:
+            jobs.cancel(settings, cluster, job["name"], reason="test cleanup")
 
 
 def _master_pid(settings: Settings, version: str) -> int:
@@ -205,8 +226,9 @@ def test_a_driver_killed_after_its_stop_was_asked_goes_on_from_its_checkpoint_el
     assert first is not None and first.member in ("a1", "a2")
     try:
         assert drain.step(settings, cluster, first.member, 30).stopping == ["killed_mid_stop"]  # stop asked
-        driver = next(p for p in psutil.process_iter(["cmdline"])
-                      if f"--job killed_mid_stop --run-id {first.id} " in " ".join(p.info["cmdline"] or []))
+        # (the module's earlier jobs were cancelled as their tests ended: this one is alone on its member)
+        driver = next(p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
+                      and f"--job killed_mid_stop --run-id {first.id} " in " ".join(p.info["cmdline"] or []))
         for process in (driver, driver.parent()):  # the job's Python and the driver JVM that runs it
             process.kill()
         _drain_until_done(settings, cluster, first.member, 400)
