@@ -6,6 +6,7 @@ can implement the same `Membership` protocol; the DAGs only talk to the protocol
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -77,8 +78,9 @@ class LocalCluster:
         self.url = settings.database_url
         self.pid_dir = settings.cluster_dir / "pids"
 
-    @property
+    @functools.cached_property
     def rest_key(self) -> str:
+        """Read once per cluster object: every observation signs with it."""
         if self.settings.rest_key_configured:
             return rest_auth.load_key(self.settings.rest_key_file)
         return rest_auth.load_or_create_key(self.settings.rest_key_file)

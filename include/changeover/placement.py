@@ -17,11 +17,11 @@ from sqlalchemy import select
 from changeover import routing
 from changeover.cluster import Membership
 from changeover.errors import ChangeoverError
+from changeover.jobs import LIVE
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Member, UpgradeRun
 from changeover.settings import Settings
 
-LIVE = ("SUBMITTED", "RUNNING")
 CORES_PER_JOB = 2  # a moved job needs room for its driver and one executor, or it waits queued at the master
 
 
@@ -52,7 +52,7 @@ def destination(settings: Settings, exclude: Iterable[str], after: dict[str, str
     largest group now. `free_cores(version, members)` says how many cores those members have free."""
     groups = routing.version_groups(settings, exclude)
     if after:
-        final = routing.largest_group(_groups(after))
+        final = routing.largest_group(routing.groups_of(after))
         if groups.get(final) and (free_cores is None or free_cores(final, groups[final]) >= CORES_PER_JOB):
             return final
     return routing.largest_group(groups)
@@ -104,21 +104,14 @@ def plan_moves(settings: Settings, target: str, members: list[str]) -> MovePlan:
     order = sorted(members, key=lambda m: len(hosted.get(m, [])))  # stable: the user's order among equals
     with session_scope(settings.database_url) as s:
         now = {m.name: m.version for m in s.scalars(select(Member).where(Member.status == "ACTIVE"))}
-    final = routing.largest_group(_groups(final_layout(settings, target, members))) if now else target
+    final = routing.largest_group(routing.groups_of(final_layout(settings, target, members))) if now else target
     layout, moves = dict(now), {}
     for member in order:
         for job in hosted.get(member, []):
             others = {m: v for m, v in layout.items() if m != member}
             if not others:
                 continue
-            to = final if final in others.values() else routing.largest_group(_groups(others))
+            to = final if final in others.values() else routing.largest_group(routing.groups_of(others))
             moves[job] = [layout.get(member, "?"), to] + ([final] if to != final else [])
         layout[member] = target
     return MovePlan(order, moves)
-
-
-def _groups(layout: dict[str, str]) -> dict[str, list[str]]:
-    groups: dict[str, list[str]] = {}
-    for member, version in sorted(layout.items()):
-        groups.setdefault(version, []).append(member)
-    return groups

@@ -19,11 +19,17 @@ def version_key(version: str) -> tuple[int, ...]:
 def version_groups(settings: Settings, exclude: Iterable[str] = ()) -> dict[str, list[str]]:
     """Members by exact Spark version: a 4.2.1 executor fails tasks of a 4.2.0 driver."""
     skip = set(exclude)
-    groups: dict[str, list[str]] = {}
     with session_scope(settings.database_url) as s:
-        for m in s.scalars(select(Member).where(Member.status == "ACTIVE").order_by(Member.name)):
-            if m.name not in skip:
-                groups.setdefault(m.version, []).append(m.name)
+        layout = {m.name: m.version for m in s.scalars(select(Member).where(Member.status == "ACTIVE"))
+                  if m.name not in skip}
+    return groups_of(layout)
+
+
+def groups_of(layout: dict[str, str]) -> dict[str, list[str]]:
+    """Members (member -> version) grouped by version, each group in name order."""
+    groups: dict[str, list[str]] = {}
+    for member, version in sorted(layout.items()):
+        groups.setdefault(version, []).append(member)
     return groups
 
 
