@@ -48,3 +48,21 @@ def test_the_hook_puts_the_connections_password_into_the_url_and_masks_it(tmp_pa
 
     ChangeoverHook._mask(URL)
     assert "s3cret-pw" not in _secrets_masker().redact(f"connecting to {URL}")
+
+
+def test_a_keyed_tables_description_keeps_no_password_and_the_control_plane_fills_in_the_registrys() -> None:
+    from changeover.runtime import KeyedTable
+    from changeover.runtime.sinks import from_description
+
+    registry = "postgresql+psycopg://app:s3cret@db.example:5432/registry"
+    described = KeyedTable(registry, "clicks_totals", keys=("key",)).describe()
+    assert "s3cret" not in json.dumps(described)  # kept in job_runs.sinks and in savepoint manifests
+    assert described["url"] == "postgresql+psycopg://app@db.example:5432/registry"
+    rebuilt = from_description(described, registry)
+    assert isinstance(rebuilt, KeyedTable) and rebuilt.url == registry
+    # Another server's (or user's) sink gets no password of the registry's: its driver finds its own (PGPASSFILE).
+    elsewhere = KeyedTable("postgresql+psycopg://app:other@sinks.example/warehouse", "t", keys=("k",)).describe()
+    assert from_description(elsewhere, registry).url == "postgresql+psycopg://app@sinks.example/warehouse"
+    assert from_description(described).url == described["url"]
+    implicit_port = KeyedTable("postgresql+psycopg://app@db.example/registry", "t", keys=("k",)).describe()
+    assert from_description(implicit_port, registry).url == "postgresql+psycopg://app:s3cret@db.example/registry"

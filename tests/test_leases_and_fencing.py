@@ -87,6 +87,91 @@ def test_an_expired_lease_fences_a_successor_that_has_not_written(settings: Sett
     write_batch(settings, old)
 
 
+def test_a_successor_that_failed_before_writing_hands_the_job_back_at_once(settings: Settings) -> None:
+    """The new version failed the job on its first batch: the parked run resumes without waiting out its lease."""
+    old = _job_with_parked_run(settings, lease_left=3600)
+    new = _successor(settings)
+    assert lease.decide(settings.database_url, "clicks", old) == "wait"
+    with session_scope(settings.database_url) as s:
+        failed = s.get(JobRun, new)
+        failed.state, failed.error, failed.ended_at = "FAILED", "job clicks: ValueError: broken", utcnow()
+    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    with session_scope(settings.database_url) as s:
+        job = s.get(Job, "clicks")
+        assert (job.current_run_id, job.desired, s.get(JobRun, old).state) == (old, "RUN", "RUNNING")
+    why = [e.details["reason"] for e in audit.find(settings.database_url, job="clicks") if e.action == "job.unpark"]
+    assert why == [f"its successor run {new} ended FAILED before writing anything"]
+
+
+def test_moves_that_ended_before_writing_stop_the_drain_after_one_failure_or_three_tries(settings: Settings) -> None:
+    """One successor the new version failed is enough to stop asking the job to move; tries that died of other
+    causes (killed, never accepted) are retried, up to three per drain."""
+    from changeover import relocate
+
+    old = _job_with_parked_run(settings, lease_left=3600)
+    since = utcnow() - timedelta(seconds=1)
+
+    def ended_successor(state: str) -> int:
+        new = _successor(settings)
+        with session_scope(settings.database_url) as s:
+            run = s.get(JobRun, new)
+            run.state, run.ended_at, run.error = state, utcnow(), f"ended {state}"
+        assert lease.decide(settings.database_url, "clicks", old) == "resume"  # handed back at once
+        lease.park(settings.database_url, "clicks", old, {"totals": 4}, seconds=3600)  # asked to move again
+        return new
+
+    ended_successor("KILLED")
+    ended_successor("KILLED")
+    assert relocate.failed_tries(settings, "clicks", since) == []  # two tries lost to kills: try again
+    third = ended_successor("KILLED")
+    assert [r.id for r in relocate.failed_tries(settings, "clicks", since)][0] == third
+    assert relocate.failed_tries(settings, "clicks", utcnow()) == []  # a later drain starts counting anew
+    failed = ended_successor("FAILED")
+    assert relocate.failed_tries(settings, "clicks", since)[0].id == failed
+
+
+def test_a_run_never_accepted_by_its_master_ends_once_its_silence_outlasts_the_loss_deadline(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its task died between creating the run and the master's answer: no submission id, and no driver heard."""
+    from changeover import jobs
+
+    old = _job_with_parked_run(settings, lease_left=3600)
+    new = _successor(settings)
+    assert jobs.observe(settings, None, new).ended_at is None  # type: ignore[arg-type]  # no master is asked
+    monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "60")
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, new).submitted_at = utcnow() - timedelta(seconds=61)
+    lost = jobs.observe(settings, None, new)  # type: ignore[arg-type]
+    assert (lost.state, lost.error.split(":")[0]) == ("KILLED", "never accepted")  # type: ignore[union-attr]
+    assert lease.decide(settings.database_url, "clicks", old) == "resume"  # the parked run takes the job back
+
+
+def test_a_driver_whose_jvm_died_under_it_is_killed_not_failed_by_its_own_code() -> None:
+    import os
+
+    from changeover.runtime.driver import jvm_lost
+    from py4j.protocol import Py4JError, Py4JNetworkError
+
+    def wrapped(inner: BaseException) -> RuntimeError:
+        try:
+            try:
+                raise inner
+            except BaseException as caught:
+                raise RuntimeError("query failed") from caught
+        except RuntimeError as outer:
+            return outer
+
+    gone, alive = -1, os.getppid()  # the parent the driver started under: gone (orphaned), or still there
+    assert jvm_lost(wrapped(Py4JNetworkError("Answer from Java side is empty")), gone)
+    assert not jvm_lost(wrapped(Py4JNetworkError("Answer from Java side is empty")), alive)  # JVM alive: not lost
+    assert not jvm_lost(ConnectionRefusedError(111, "Connection refused"), gone)  # the job's own sockets
+    assert not jvm_lost(Py4JError("An error occurred while calling o42.start: AnalysisException"), gone)
+    looped = ValueError("the job's own bug")
+    looped.__cause__ = looped
+    assert not jvm_lost(looped, gone)
+
+
 @pytest.mark.parametrize(("lease_ended_ago", "successor_heard_ago", "decision"), [
     (1, 2, "wait"),  # alive and still starting: more time
     (1, None, "resume"),  # launched, but its driver was never heard from

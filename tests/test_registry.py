@@ -21,3 +21,35 @@ def test_events_record_who_what_when_and_outcome(settings: Settings, monkeypatch
         event = s.scalars(select(Event)).one()
     assert (event.actor, event.action, event.subject, event.outcome) == ("tester", "member.add", "m1", "ok")
     assert event.details == {"version": "4.2.0"} and event.at is not None
+
+
+def test_only_a_database_that_is_away_is_waited_for(tmp_path) -> None:  # noqa: ANN001
+    """A refused connection (a server restarting) is retried until the patience runs out; a missing table is
+    refused at once: retrying never clears it."""
+    import pytest
+    from changeover.ports import free_port
+    from changeover.registry.db import patiently, transient
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    calls: list[int] = []
+
+    def missing_table() -> None:
+        calls.append(1)
+        with engine_for(f"sqlite:///{tmp_path / 'r.db'}").connect() as conn:
+            conn.execute(text("SELECT * FROM no_such_table"))
+
+    with pytest.raises(OperationalError) as missing:
+        patiently(missing_table, "test")
+    assert not transient(missing.value) and calls == [1]
+
+    away = f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none"
+
+    def refused() -> None:
+        calls.append(2)
+        with engine_for(away).connect():
+            pass
+
+    with pytest.raises(OperationalError) as gone:
+        patiently(refused, "test", patience=1.2)
+    assert transient(gone.value) and calls.count(2) >= 2  # tried again before giving up

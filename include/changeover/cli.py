@@ -258,10 +258,16 @@ def reconcile() -> None:
 
 
 @app.command("drain")
-def drain_member(member: str, timeout: Annotated[float, typer.Option(help="Seconds before giving up.")] = 600) -> None:
+def drain_member(member: str, timeout: Annotated[float, typer.Option(help="Seconds before giving up.")] = 600,
+                 abort: Annotated[bool, typer.Option("--abort", help="Give the member back to service instead.")]
+                 = False) -> None:
     """Drain a member: savepoint and move fault-tolerant jobs, wait for blocking ones, cancel the rest."""
     settings = _settings()
     cluster = LocalCluster(settings)
+    if abort:
+        given = drain.abort(settings, cluster, member, "aborted by hand")
+        out.print(f"member {member} {'back in service' if given else 'was not being drained: left as it is'}")
+        return
     deadline = time.monotonic() + timeout
     while not (result := drain.step(settings, cluster, member)).done:
         if result.blocked_by:

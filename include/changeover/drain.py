@@ -18,7 +18,7 @@ from sqlalchemy import or_, select
 
 from changeover import audit, faults, jobs, placement, relocate, savepoints
 from changeover.cluster import LocalCluster, Membership
-from changeover.errors import ChangeoverError
+from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.registry.db import lock_all, session_scope
 from changeover.registry.models import STOPPING, Job, JobRun, Member, utcnow
 from changeover.settings import Settings
@@ -138,6 +138,7 @@ def step(
         return current
     if current.status == "ACTIVE" and not _begin(settings, current):
         return current  # another member's drain began first
+    _refuse_failed_moves(settings, current, upgrade_key)
     for name in current.save:
         savepoints.request_stop(settings, name, reason=f"drain of {member}", move=True)
     for name in current.cancel:
@@ -193,6 +194,55 @@ def _begin(settings: Settings, current: DrainPlan) -> bool:
     return True
 
 
+def recommission(settings: Settings, membership: Membership, member: str, reason: str) -> bool:
+    """A decommissioned worker gets no new executors until it restarts, so drivers left on it starve. Restart it at
+    its version, unless a driver on it cannot come back: the fault-tolerant jobs' current runs are ended first and
+    go on from their checkpoints after the restart (on the same version); any other driver is never killed, and
+    then the worker is left as it is. True once restarted; safe to repeat."""
+    drivers = jobs.drivers_on(settings, membership, member)
+    with session_scope(settings.database_url) as s:
+        version = LocalCluster._member(s, member).version
+        movable = {j.current_run_id for j in s.scalars(select(Job).where(Job.fault_tolerant.is_(True)))}
+    if any(run.id not in movable for run in drivers):
+        return False
+    for run in drivers:
+        jobs.end_for_restart(settings, membership, run.id, f"{reason}: its member's worker is restarted, since a "
+                             "decommissioned worker gets no executors; it goes on from its checkpoint")
+    membership.stop_worker(member)
+    membership.start_worker(member, version)
+    with session_scope(settings.database_url) as s:
+        audit.record(s, "member.recommission", "member", member, version=version, reason=reason,
+                     jobs_ended=[run.job for run in drivers])
+    return True
+
+
+def _refuse_failed_moves(settings: Settings, current: DrainPlan, upgrade_key: str | None) -> None:
+    """A job whose moves in this drain ended before writing (its own code failed where it went, or too many tries
+    died) was handed back to its parked run each time: asking it to stop again would only fail again, so the drain
+    stops here for a person to decide. Nothing is lost: the job is on its old run, at the batch it parked on."""
+    with session_scope(settings.database_url) as s:
+        began = LocalCluster._member(s, current.member).drain_started_at
+    if began is None:
+        return
+    failed = [(name, tries) for name in current.save if (tries := relocate.failed_tries(settings, name, began))]
+    if not failed:
+        return
+    what = "; ".join(f"job {name}'s run {tries[0].id} on Spark {tries[0].spark_version} ended {tries[0].state} "
+                     f"before writing anything ({tries[0].error or 'no reason recorded'}; {len(tries)} such tries "
+                     "in this drain)" for name, tries in failed)
+    undo = (f"`changeover upgrade abort {upgrade_key}`" if upgrade_key
+            else f"`changeover drain {current.member} --abort`")
+    with session_scope(settings.database_url) as s:
+        for name, tries in failed:
+            audit.record(s, "drain.refused", "job", name, member=current.member, outcome="failed", run=tries[0].id,
+                         version=tries[0].spark_version, state=tries[0].state, error=tries[0].error, tries=len(tries))
+    raise NeedsOperator(f"drain of member {current.member}",
+                        f"{what}. Each job was handed back to its old run at the batch it parked on, so nothing was "
+                        "lost; on a decommissioned member it gets no executors until the member is given back",
+                        f"give the members back with {undo}, which runs the job on at its old version; to upgrade it "
+                        "later, update its code for the new version first (the update_job DAG)")
+
+
 def _not_serving(settings: Settings) -> list[str]:
     with session_scope(settings.database_url) as s:
         return list(s.scalars(select(Member.name).where(Member.status != "ACTIVE")))
@@ -215,15 +265,12 @@ def abort(settings: Settings, membership: Membership, member: str, reason: str) 
         return False  # already drained: finishing the upgrade is quicker than undoing it
     for name in [*current.save, *current.stopping, *current.stopped]:
         relocate.withdraw(settings, membership, name, reason, member=member)
-    restart = current.decommissioned and not jobs.drivers_on(settings, membership, member)
-    if restart:
-        with session_scope(settings.database_url) as s:
-            version = LocalCluster._member(s, member).version
-        membership.stop_worker(member)
-        membership.start_worker(member, version)
+    restart = current.decommissioned and recommission(settings, membership, member, reason)
+    # also after an abort that died between the restart and here: what is looked at is the jobs' runs
+    continued = jobs.continue_ended_on(settings, membership, member)
     with session_scope(settings.database_url) as s:
         row = LocalCluster._member(s, member)
         row.status, row.drain_started_at = "ACTIVE", None
         audit.record(s, "drain.abort", "member", member, reason=reason, worker_restarted=restart,
-                     still_decommissioned=current.decommissioned and not restart)
+                     jobs_continued=continued, still_decommissioned=current.decommissioned and not restart)
     return True

@@ -7,3 +7,7 @@ class ChangeoverError(Exception):
         self.reason = reason
         self.fix = fix
         super().__init__(f"{refused}: {reason}. {fix}")
+
+
+class NeedsOperator(ChangeoverError):
+    """A refusal that retrying cannot change: a person has to act first (an orchestrator fails it at once)."""

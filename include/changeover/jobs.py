@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from changeover import audit, checkpoints, faults, lease, routing
 from changeover.cluster import Membership, NoMaster, wait_for
@@ -173,6 +173,7 @@ def launch(
     replaces_run: int | None = None,
     replaces_park: int | None = None,
     continues_move: int | None = None,
+    continues_run: int | None = None,
 ) -> JobRun:
     """Place a Python driver on a worker of the version group through the master's REST server.
 
@@ -182,6 +183,8 @@ def launch(
     lease then counts from this launch: the successor's start is not charged to it.
     continues_move: the run, ended on its way to a move, that this launch continues; refused if the job is no
     longer asked to move (someone cancelled or stopped it meanwhile) or another run took over.
+    continues_run: the ended run this launch goes on from; refused unless it is still the job's current run, ended,
+    and the job still wanted (desired RUN), so two continuations never both start.
     """
     runtime = find_runtime(settings.runtimes_dir, version)
     master = membership.master(version)
@@ -197,6 +200,13 @@ def launch(
                 raise ChangeoverError(f"launch of job {job_name} to continue its move", f"it is no longer asked "
                                       f"to move from run {continues_move}: someone stopped it, or another run "
                                       "took over", "leave it as it is; retry the task to look at the job again")
+        if continues_run is not None:
+            job = lock_row(s, Job, job_name)
+            ended = current_run(s, job)
+            if job.current_run_id != continues_run or job.desired != "RUN" or ended is None or ended.ended_at is None:
+                raise ChangeoverError(f"launch of job {job_name} to go on from run {continues_run}",
+                                      "that run is no longer the job's current, ended run, or the job was stopped",
+                                      "leave it as it is: another launch went first, or someone stopped it")
         if replaces_run is not None:
             job = lock_row(s, Job, job_name)
             before = current_run(s, job)
@@ -298,6 +308,8 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
+        if run.submission_id is None and run.state == "SUBMITTED" and run.heartbeat_at is None:
+            _unaccepted(s, run)
         if run.submission_id is None or not (run.state in LIVE or run.parked):
             return run
         version, submission = run.spark_version, run.submission_id
@@ -344,6 +356,23 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
         elif observed == "RUNNING" and run.state == "SUBMITTED" and run.heartbeat_at is not None:
             run.state = "RUNNING"
         return run
+
+
+def _unaccepted(s: Any, run: JobRun) -> None:
+    """A run its launch created but whose driver was never heard of: its task died before the master answered,
+    or the master never took it. Ended once that silence outlasts `lost_after_seconds`, so the parked run it
+    would replace takes the job back; a driver that does start that late finds its run ended and exits."""
+    silent = (utcnow() - as_utc(run.submitted_at)).total_seconds()
+    if silent < lost_after_seconds():
+        return
+    error = f"never accepted: no submission id and no word from its driver for {silent:.0f} s"
+    # Conditional, so a driver's first heartbeat and this cannot both win: the row lock orders them.
+    ended = s.execute(update(JobRun).where(
+        JobRun.id == run.id, JobRun.submission_id.is_(None), JobRun.heartbeat_at.is_(None), JobRun.ended_at.is_(None)
+    ).values(state="KILLED", ended_at=utcnow(), error=error).execution_options(synchronize_session=False)).rowcount
+    s.refresh(run)
+    if ended:
+        audit.record(s, "job.end", "job", run.job, run=run.id, state="KILLED", reason=error)
 
 
 def parked_runs_on(settings: Settings, membership: Membership, member: str) -> list[JobRun]:
@@ -399,17 +428,52 @@ def cancel(settings: Settings, membership: Membership, job_name: str, reason: st
         # the run end afterwards brings the job back.
         job.desired = "STOP"
         version, submission, run_id = run.spark_version, run.submission_id, run.id
-    master = membership.master(version)
-    master.kill(submission)
-    # Returns once the master says the driver has ended: a resubmit may then take over its checkpoint.
-    wait_for(lambda: master.status(submission).state not in ("SUBMITTED", "RUNNING", "RELAUNCHING"), 120,
-             f"the driver of job {job_name} ending after its cancel")
+    _kill(settings, membership, run_id, version, submission, "KILLED", reason, "job.cancel")
+
+
+def end_for_restart(settings: Settings, membership: Membership, run_id: int, reason: str) -> None:
+    """End a fault-tolerant run's driver so that it can go on from its checkpoint elsewhere or after its worker's
+    restart; unlike a cancel, the job stays wanted (desired RUN). A parked run ends STOPPED on its boundary."""
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
-        if run.state in LIVE:
-            run.state, run.ended_at = "KILLED", utcnow()
-        audit.record(s, "job.cancel", "job", job_name, run=run_id, reason=reason)
+        if run.ended_at is not None or run.submission_id is None:
+            return
+        version, submission, parked = run.spark_version, run.submission_id, run.parked
+    _kill(settings, membership, run_id, version, submission, "STOPPED" if parked else "KILLED", reason, "job.end")
+
+
+def _kill(settings: Settings, membership: Membership, run_id: int, version: str, submission: str, state: str,
+          reason: str, action: str) -> None:
+    """Kill a live run's driver through its master and record the run as `state`, whatever the dying driver wrote
+    meanwhile (a query started as its SparkContext stopped reports FAILED): the end is ours, and its checkpoint
+    ends on its last commit, or on the boundary it parked at. Returns once the master says the driver has ended,
+    so a resubmit may then take over its checkpoint."""
+    master = membership.master(version)
+    master.kill(submission)
+    wait_for(lambda: master.status(submission).state not in ("SUBMITTED", "RUNNING", "RELAUNCHING"), 120,
+             f"the driver of run {run_id} ending after its kill")
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, run_id)
+        assert run is not None
+        run.state, run.error = state, reason
+        run.ended_at, run.lease_until = run.ended_at or utcnow(), None
+        audit.record(s, action, "job", run.job, run=run_id, state=state, reason=reason)
+
+
+def continue_ended_on(settings: Settings, membership: Membership, member: str) -> list[str]:
+    """Fault-tolerant jobs still wanted whose current run ended on `member` without failing on its own code
+    (killed, or stopped for a move that was withdrawn) go on from their checkpoints at the version they ran:
+    the same version, so a new one that failed them is not tried again here."""
+    with session_scope(settings.database_url) as s:
+        ended = list(s.scalars(select(JobRun).join(Job, Job.current_run_id == JobRun.id).where(
+            Job.fault_tolerant.is_(True), Job.desired == "RUN", JobRun.member == member,
+            JobRun.ended_at.is_not(None), JobRun.state.in_(("KILLED", "STOPPED")))))
+    for run in ended:
+        root = new_checkpoint_root(settings, run.job)
+        continue_from(settings, membership, run, root)
+        launch(settings, membership, run.job, run.spark_version, root, continues_run=run.id)
+    return [run.job for run in ended]
 
 
 def list_jobs(settings: Settings) -> list[dict[str, Any]]:

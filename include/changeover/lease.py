@@ -33,6 +33,8 @@ def park(url: str, job: str, run_id: int, progress: dict[str, int | None], secon
     with session_scope(url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
+        if run.parked:
+            return  # parked already: a retry whose first commit's answer was lost
         now = utcnow()
         run.state, run.progress, run.heartbeat_at = "STOPPED", dict(progress), now
         run.parks = (run.parks or 0) + 1
@@ -76,11 +78,15 @@ def decide(url: str, job: str, run_id: int) -> Decision:
                 audit.record(s, "job.handoff", "job", job, run=run_id, successor=successor.id)
                 return "exit"
             length = float((row.options or {}).get("lease_seconds") or lease_seconds())
-            if not expired or _starting(successor, run, length, now):
+            if successor is not None and successor.ended_at is not None:
+                # e.g. the new version failed the job on its first batch: no reason to wait out the lease
+                why = f"its successor run {successor.id} ended {successor.state} before writing anything"
+            elif expired and not _starting(successor, run, length, now):
+                why = "its lease ran out before the successor wrote anything; the successor is fenced"
+            else:
                 return "wait"
             row.current_run_id, row.desired = run_id, "RUN"
-            _resume(s, job, run, "its lease ran out before the successor wrote anything; the successor is fenced",
-                    successor=successor.id if successor else None)
+            _resume(s, job, run, why, successor=successor.id if successor else None)
             return "resume"
         if row.desired == "RUN":
             _resume(s, job, run, "the stop was withdrawn")

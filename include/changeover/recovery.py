@@ -90,15 +90,14 @@ def _return_to_service(settings: Settings, cluster: LocalCluster, member: str, r
         state, version = row.status, row.version
     if state == "DRAINING":
         return drain.abort(settings, cluster, member, reason)
-    restart = not jobs.drivers_on(settings, cluster, member)  # a running driver is never killed to end an upgrade
-    if restart:
-        cluster.stop_worker(member)  # decommissioned or half restarted: a fresh worker at the version it has
-        cluster.start_worker(member, version)
+    # decommissioned or half restarted: a fresh worker at the version it has
+    restart = drain.recommission(settings, cluster, member, reason)
+    continued = jobs.continue_ended_on(settings, cluster, member)  # also after an abort that died midway
     with session_scope(settings.database_url) as s:
         row = LocalCluster._member(s, member)
         row.status, row.drain_started_at = "ACTIVE", None
         audit.record(s, "member.return", "member", member, was=state, version=version, reason=reason,
-                     worker_restarted=restart, still_decommissioned=not restart)
+                     worker_restarted=restart, still_decommissioned=not restart, jobs_continued=continued)
     return True
 
 

@@ -5,12 +5,16 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from sqlalchemy import select
+
 from changeover import audit, jobs, savepoints
 from changeover.cluster import Membership
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
-from changeover.registry.models import Job
+from changeover.registry.models import Job, JobRun
 from changeover.settings import Settings
 
 
@@ -76,3 +80,20 @@ def withdraw(settings: Settings, membership: Membership, job_name: str, reason: 
         if job.desired == "MOVE":
             job.desired = "RUN"
         audit.record(s, "job.stop_withdrawn", "job", job_name, reason=reason, **details)
+
+
+MAX_TRIES_PER_DRAIN = 3  # successors that ended before writing, of any cause, before a drain stops trying
+
+
+def failed_tries(settings: Settings, job_name: str, since: datetime) -> list[JobRun]:
+    """Successors of the job launched since `since` that ended before writing anything, newest first, when moving it
+    again would be futile: one failed on its own code (the new version fails the job's first batch, say), or
+    MAX_TRIES_PER_DRAIN ended for any cause (killed, lost, never accepted). Empty otherwise."""
+    with session_scope(settings.database_url) as s:
+        current = jobs.get_job(s, job_name).current_run_id
+        tries = list(s.scalars(select(JobRun).where(
+            JobRun.job == job_name, JobRun.submitted_at >= since, JobRun.ended_at.is_not(None),
+            JobRun.first_write_at.is_(None), JobRun.id != current).order_by(JobRun.id.desc())))
+    if any(run.state == "FAILED" for run in tries) or len(tries) >= MAX_TRIES_PER_DRAIN:
+        return tries
+    return []

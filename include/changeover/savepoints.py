@@ -187,7 +187,7 @@ def _sink(description: dict[str, Any] | None, settings: Settings, job: str, stag
           ) -> tuple[Sink, WriteContext] | None:
     if not description:
         return None
-    return from_description(description), WriteContext(settings.database_url, job, stage, 0)
+    return from_description(description, settings.database_url), WriteContext(settings.database_url, job, stage, 0)
 
 
 def take(

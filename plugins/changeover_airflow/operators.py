@@ -10,7 +10,7 @@ from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 from changeover import jobs, maintenance, roll, savepoints, update, upgrade, upgrades, verify
 from changeover.cluster import LocalCluster
-from changeover.errors import ChangeoverError
+from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.settings import Settings
 from changeover.windows import DrainWindow
 
@@ -148,8 +148,13 @@ class RollingUpgradeOperator(ChangeoverOperator):
         settings, cluster = self._setup(context)
         timeout = int(self.shutdown_timeout) if self.shutdown_timeout not in (None, "") else None
         window = DrainWindow.parse(self.window) if self.window else None
-        status = roll.step(settings, cluster, upgrade_key(context), timeout, window=window,
-                           drain_needs_seconds=float(self.drain_needs_seconds or 0))
+        try:
+            status = roll.step(settings, cluster, upgrade_key(context), timeout, window=window,
+                               drain_needs_seconds=float(self.drain_needs_seconds or 0))
+        except NeedsOperator as exc:  # a retry would meet the same refusal: fail now, with what to do
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(str(exc)) from exc
         self.log.info("roll %s", status.as_dict())
         if not status.done:
             # with a window, come back when it closes at the latest, to undo a drain it closes on

@@ -185,17 +185,24 @@ def _a_cli_drain_racing_the_roll_is_refused(stack: Stack) -> None:
 
 def _leaks(stack: Stack, secret: str) -> list[str]:
     """Where `secret` shows: Airflow's logs (tasks, triggers, scheduler), every row of its metadata database
-    (trigger rows, task instances' next_kwargs, XComs, rendered fields), and the environment of every process
-    Airflow and the Spark cluster run (drivers included)."""
+    (trigger rows, task instances' next_kwargs, XComs, rendered fields) and of the registry (runs' sink
+    descriptions, events), every JSON file under Changeover's home but its secrets (savepoint manifests), and the
+    environment of every process Airflow and the Spark cluster run (drivers included)."""
     found = [str(p) for p in [stack.airflow.log, *stack.airflow.home.rglob("*.log")]
              if p.is_file() and secret in p.read_text(errors="replace")]
-    metadata = create_engine(stack.airflow.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
-    with metadata.connect() as conn:
-        tables = conn.scalars(text("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"))
-        for table in list(tables):
-            if conn.scalar(text(f'SELECT count(*) FROM "{table}" t WHERE t::text LIKE :s'), {"s": f"%{secret}%"}):
-                found.append(f"metadata table {table}")
-    metadata.dispose()
+    found += [str(p) for p in stack.settings.home.rglob("*.json") if "secrets" not in p.parts
+              and p.is_file() and secret in p.read_text(errors="replace")]
+    for name, url in (("metadata", stack.airflow.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]),
+                      ("registry", stack.settings.database_url)):
+        database = create_engine(url)
+        with database.connect() as conn:
+            tables = conn.scalars(text("SELECT table_name FROM information_schema.tables "
+                                       "WHERE table_schema = 'public'"))
+            for table in list(tables):
+                if conn.scalar(text(f'SELECT count(*) FROM "{table}" t WHERE t::text LIKE :s'),
+                               {"s": f"%{secret}%"}):
+                    found.append(f"{name} table {table}")
+        database.dispose()
     groups = [stack.airflow.started.pid] if stack.airflow.started else []
     groups += [int(p.read_text().split()[0]) for p in stack.cluster.pid_dir.glob("*.pid")]
     for pid in (pid for group in groups for pid in processes.group_members(group)):

@@ -8,22 +8,26 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 from changeover import audit, drain, faults, jobs, recovery, relocate, roll, upgrade, upgrades
 from changeover.cluster import LocalCluster, wait_for
-from changeover.errors import ChangeoverError
+from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.generator import Generator
 from changeover.registry.db import session_scope
-from changeover.registry.models import Job, JobRun, Master, Member, utcnow
+from changeover.registry.models import Job, JobRun, Master, Member, Savepoint, utcnow
 from changeover.registry.schema import migrate
+from changeover.runtime import KeyedTable
 from changeover.settings import Settings
+from changeover.spark_master import MasterUnreachable, SparkMaster
 from changeover.timeutil import as_utc
 from jobs import clicks
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+USER_JOBS = Path(__file__).parent.parent / "user_jobs"
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +138,67 @@ def test_a_paused_master_is_no_news_and_only_a_long_silence_ends_a_run(settings:
         assert s.get(Member, run.member).status == "ACTIVE"
 
 
+def test_a_launch_whose_master_pauses_mid_submission_is_reconciled_or_ended_never_lost(
+    settings: Settings, cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The master is paused (SIGSTOP) just as the launch posts its driver, past the HTTP timeout. The run was
+    created but has no answer: either the master took the driver once it went on (and the driver names its
+    submission itself), or it never did (and the run ends "never accepted" once its silence outlasts the loss
+    deadline, so a submit continues it). Either way one driver at most, and nothing lost."""
+    master = _master_pid(settings, "4.2.0")
+    create = SparkMaster.create
+
+    def paused_create(self: SparkMaster, request: dict[str, object]) -> str:
+        os.kill(master, signal.SIGSTOP)  # the fault, at the one point where the run exists and the answer does not
+        return create(self, request)
+
+    monkeypatch.setattr(SparkMaster, "create", paused_create)
+    monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "30")
+    generator = Generator(settings.data_dir / "landing-paused-launch")
+    generator.write_file()
+    generator.start(interval=0.5)
+    try:
+        with pytest.raises(MasterUnreachable, match="did not answer within 10 s"):
+            jobs.submit(settings, cluster, "jobs.clicks", "paused_launch",
+                        options={"landing": str(generator.landing), "lease_seconds": 60})
+        os.kill(master, signal.SIGCONT)
+        monkeypatch.setattr(SparkMaster, "create", create)
+        with session_scope(settings.database_url) as s:
+            unanswered = s.scalar(select(JobRun).where(JobRun.job == "paused_launch"))
+            assert unanswered is not None and unanswered.submission_id is None and unanswered.state == "SUBMITTED"
+
+        def settled() -> bool:
+            run = jobs.refresh(settings, cluster, "paused_launch")
+            return run is not None and (run.state == "KILLED" or run.first_commit_at is not None)
+
+        wait_for(settled, 240, "the unanswered launch reconciled by its driver, or ended as never accepted",
+                 retryable=())
+        run = jobs.refresh(settings, cluster, "paused_launch")
+        assert run is not None and run.id == unanswered.id
+        if run.state == "KILLED":
+            assert (run.error or "").startswith("never accepted")
+            # continues it, once a driver the master started late (if any) has found its run ended and exited
+            wait_for(lambda: jobs.submit(settings, cluster, "jobs.clicks", "paused_launch") is not None, 120,
+                     "a submit that continues the job")
+            jobs.wait_until_committed(settings, cluster, "paused_launch")
+        else:
+            reconciled = [e for e in audit.find(settings.database_url, job="paused_launch")
+                          if e.action == "job.submission_reconciled"]
+            assert run.submission_id is not None and len(reconciled) == 1
+
+        def drivers() -> int:
+            return len([p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
+                        and "--job paused_launch " in " ".join(p.info["cmdline"] or [])])
+
+        # a driver the master started late finds its run ended and exits: one driver stays
+        wait_for(lambda: drivers() == 1, 120, "one driver of job paused_launch", retryable=(psutil.Error,))
+    finally:
+        os.kill(master, signal.SIGCONT)
+        generator.stop()
+    wait_for(lambda: clicks.results(settings.database_url, "paused_launch")[0] == dict(generator.truth), 300,
+             "job paused_launch catching up with every generated file")
+
+
 def test_a_worker_that_does_not_register_in_time_is_stopped(settings: Settings, cluster: LocalCluster) -> None:
     master = _master_pid(settings, "4.2.0")
     slow = LocalCluster(settings, start_timeout=5)
@@ -153,6 +218,57 @@ def _roll_until(settings: Settings, cluster: LocalCluster, key: str, done: bool,
     """Step the roll as the operator does, waiting on the drain between steps, until it is done (or raises)."""
     wait_for(lambda: roll.step(settings, cluster, key, 30).done == done, timeout, f"the roll of {key}",
              interval=2.0, retryable=())
+
+
+def test_a_new_version_that_fails_a_moved_job_stops_the_roll_and_an_abort_runs_it_on_the_old_one(
+    settings: Settings, cluster: LocalCluster
+) -> None:
+    """The job's new code path fails on Spark 4.3.0 on its first batch there. Its parked run takes it back at once,
+    the roll stops for a person instead of moving it again, and an abort restarts the starved old member (its worker
+    was decommissioned: no executors) and runs the job on at 4.2.0 from its checkpoint."""
+    generator = Generator(settings.data_dir / "landing-broken")
+    generator.write_file()
+    generator.start(interval=0.5)
+    jobs.submit(settings, cluster, str(USER_JOBS / "breaks_on_new_spark.py"), "broken",
+                options={"landing": str(generator.landing), "lease_seconds": 60, "broken_on": "4.3.0"})
+    jobs.wait_until_committed(settings, cluster, "broken")
+    first = jobs.refresh(settings, cluster, "broken")
+    assert first is not None and first.member in ("a1", "a2")
+    other = next(m for m in ("a1", "a2") if m != first.member)
+    try:
+        upgrades.begin(settings, "faults/0", "4.3.0", {other: "4.2.0", first.member: "4.2.0"})
+        roll.start(settings, "faults/0", [other, first.member])  # the job's member last: no 4.2.0 member left
+        with pytest.raises(NeedsOperator, match="(?s)job broken's run [0-9]+ on Spark 4.3.0 ended FAILED before "
+                                                "writing anything .*does not run on Spark 4.3.0.*nothing was lost"):
+            _roll_until(settings, cluster, "faults/0", True, 600)
+        upgrades.release(settings, "faults/0", "FAILED", "its roll task failed")
+        back = jobs.refresh(settings, cluster, "broken")
+        assert back is not None and back.id == first.id and back.state == "RUNNING"  # taken back, not moved again
+        aborted_at = utcnow()
+        after = recovery.abort(settings, cluster, "faults/0", "the new version breaks the job")
+        assert {(m["name"], m["status"], m["version"]) for m in after["members"]} == {
+            (first.member, "ACTIVE", "4.2.0"), (other, "ACTIVE", "4.3.0")}
+        wait_for(lambda: _commits_after(settings, jobs.refresh(settings, cluster, "broken").id, aborted_at),
+                 240, "the job committing on 4.2.0 after the abort")
+        now = jobs.refresh(settings, cluster, "broken")
+        assert now is not None and (now.spark_version, now.member) == ("4.2.0", first.member)
+    finally:
+        generator.stop()
+    truth = dict(generator.truth)
+    wait_for(lambda: {r["key"]: int(r["count"]) for r in KeyedTable(settings.database_url, "broken_totals",
+                                                                     keys=("key",)).read()} == truth,
+             300, "job broken catching up with every generated file")
+    with session_scope(settings.database_url) as s:
+        runs = list(s.scalars(select(JobRun).where(JobRun.job == "broken").order_by(JobRun.id)))
+        saved = s.scalar(select(func.count()).select_from(Savepoint).where(Savepoint.job == "broken"))
+    assert [(r.spark_version, r.state) for r in runs[:2]] == [("4.2.0", "KILLED"), ("4.3.0", "FAILED")]
+    assert len(runs) == 3  # one try on the new version only, then the continuation on the old one
+    assert saved == 1  # one stop and savepoint: the refused drain did not ask the job to stop again
+    assert "drain.refused" in {e.action for e in audit.find(settings.database_url, job="broken")}
+    # back to two 4.2.0 members for the tests below
+    jobs.cancel(settings, cluster, "broken", reason="test done")
+    _drain_until_done(settings, cluster, other, 120)
+    upgrade.upgrade_member(settings, cluster, other, "4.2.0")
 
 
 def test_an_upgrade_failed_mid_drain_is_aborted_clean_and_a_new_one_succeeds(
@@ -201,7 +317,7 @@ def test_an_upgrade_that_succeeded_cannot_be_aborted_and_an_unknown_one_is_named
                                                                                  cluster: LocalCluster) -> None:
     with pytest.raises(ChangeoverError, match="nothing to undo"):
         recovery.abort(settings, cluster, "faults/2")
-    with pytest.raises(ChangeoverError, match=r"no such upgrade \(latest: faults/2, faults/1\)"):
+    with pytest.raises(ChangeoverError, match=r"no such upgrade \(latest: faults/2, faults/1, faults/0\)"):
         recovery.status(settings, "faults/9")
 
 
@@ -229,8 +345,7 @@ def test_a_driver_killed_after_its_stop_was_asked_goes_on_from_its_checkpoint_el
         # (the module's earlier jobs were cancelled as their tests ended: this one is alone on its member)
         driver = next(p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
                       and f"--job killed_mid_stop --run-id {first.id} " in " ".join(p.info["cmdline"] or []))
-        for process in (driver, driver.parent()):  # the job's Python and the driver JVM that runs it
-            process.kill()
+        driver.parent().kill()  # the driver's JVM, under the job's Python: py4j loses it, the job's code did not fail
         _drain_until_done(settings, cluster, first.member, 400)
         _moved_off(settings, cluster, "killed_mid_stop", first)
     finally:
@@ -239,6 +354,9 @@ def test_a_driver_killed_after_its_stop_was_asked_goes_on_from_its_checkpoint_el
         ended = s.get(JobRun, first.id)
         # Killed before it parked (KILLED, continued from its checkpoint) or just after (saved, then resumed).
         assert ended is not None and ended.ended_at is not None and ended.state in ("KILLED", "STOPPED")
+        # not FAILED: its Python saw py4j lose the JVM (or, if the master told first, it ended unreported)
+        assert ended.state == "STOPPED" or any(why in (ended.error or "") for why in (
+            "JVM ended under its Python", "without reporting a failure of its own")), ended.error
     _assert_exact(settings, "killed_mid_stop", generator)
     upgrade.upgrade_member(settings, cluster, first.member, "4.3.0")  # back in service for the next test
 

@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, select, update
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+
+# The kinds a database that is restarting, failing over or busy raises; `transient` tells which of them will clear.
+TRANSIENT: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
+_RETRYABLE_SQLSTATES = ("57P01", "57P02", "57P03", "40001", "40P01")  # shut down, cannot connect now, conflicts
+_GONE_WORDS = ("connection", "server closed", "terminating", "database is locked", "database is busy")
+
+
+def transient(exc: BaseException) -> bool:
+    """A connection lost or refused, the server shutting down or starting, SQLite busy: the same call succeeds once
+    the database is back. Not a missing table, a bad password or a statement error, which retrying never clears."""
+    if not isinstance(exc, TRANSIENT):
+        return False
+    if exc.connection_invalidated:
+        return True
+    state = getattr(exc.orig, "sqlstate", None)
+    if state:
+        return state.startswith("08") or state in _RETRYABLE_SQLSTATES
+    text = str(exc.orig).lower()
+    return "authentication" not in text and any(word in text for word in _GONE_WORDS)
+REGISTRY_PATIENCE_SECONDS = 600.0
+T = TypeVar("T")
+log = logging.getLogger("changeover.registry")
 
 _cached_urls: set[str] = set()
 
@@ -32,6 +57,22 @@ def engine_for(url: str) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+
+
+def patiently(call: Callable[[], T], what: str, patience: float = REGISTRY_PATIENCE_SECONDS) -> T:
+    """Run `call` until the database answers, for up to `patience` s: for a driver's registry calls and its sink's
+    writes, which must outlast a database restart rather than fail the job. Each retry is logged."""
+    deadline, pause = time.monotonic() + patience, 0.5
+    while True:
+        try:
+            return call()
+        except TRANSIENT as exc:
+            if not transient(exc) or time.monotonic() + pause > deadline:
+                raise
+            log.warning("%s: the database did not answer (%s); retrying in %.1f s", what,
+                        str(exc).splitlines()[0], pause)
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
 
 @contextmanager

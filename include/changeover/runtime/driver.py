@@ -11,17 +11,19 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import runpy
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import update
 
 from changeover import audit, checkpoints, lease
 from changeover.compat import plan
-from changeover.registry.db import lock_row, session_scope
+from changeover.registry.db import TRANSIENT, lock_row, patiently, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.runtime.contract import JobContext, Stage
 from changeover.runtime.queries import StageQueries
@@ -44,6 +46,24 @@ def unmatched_state(job: str, restored: set[str], stages: set[str]) -> str | Non
         f"which the job no longer has (its stages: {', '.join(sorted(stages))}). "
         "Resume with --allow-non-restored-state to drop that state, or --rename-stage OLD=NEW to move it."
     )
+
+
+def jvm_lost(exc: BaseException, parent_at_start: int) -> bool:
+    """Whether an error says the driver's JVM is gone under its Python (killed, the OOM killer), not that the
+    job's own code failed: py4j lost its connection, and this process lost its parent (the JVM that started it).
+    Such a run ends KILLED, and a move goes on from its checkpoint, as after any other kill."""
+    from py4j.protocol import Py4JNetworkError
+
+    if os.getppid() == parent_at_start:
+        return False  # the JVM is alive: a network error is the job's own (its code's sockets, say)
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, Py4JNetworkError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return False
 
 
 def version_mismatch(job: str, actual: str, expected: str) -> str:
@@ -75,11 +95,12 @@ class Driver:
                 run.submission_id = cwd.name
                 audit.record(s, "job.submission_reconciled", "job", self.job, run=self.run_id, submission=cwd.name)
 
-    def heartbeat(self) -> None:
+    def heartbeat(self) -> bool:
+        """False when the run has ended already (e.g. recorded as never accepted before this driver started)."""
         with session_scope(self.url) as s:
-            run = s.get(JobRun, self.run_id)
-            if run is not None and run.ended_at is None:
-                run.heartbeat_at = utcnow()
+            # conditional, against the control plane ending a run it never heard of (`jobs._unaccepted`)
+            return bool(s.execute(update(JobRun).where(JobRun.id == self.run_id, JobRun.ended_at.is_(None))
+                                  .values(heartbeat_at=utcnow())).rowcount)
 
     def fail(self, message: str) -> None:
         with session_scope(self.url) as s:
@@ -87,6 +108,23 @@ class Driver:
             if run and run.ended_at is None:  # not a run already ended, e.g. cancelled, whose driver dies now
                 run.state, run.error, run.ended_at = "FAILED", message, utcnow()
             audit.record(s, "job.fail", "job", self.job, outcome="failed", run=self.run_id, error=message)
+
+    def lost_jvm(self, message: str) -> None:
+        with session_scope(self.url) as s:
+            run = s.get(JobRun, self.run_id)
+            if run and run.ended_at is None:
+                run.state, run.error, run.ended_at = "KILLED", message, utcnow()
+            audit.record(s, "job.end", "job", self.job, outcome="killed", run=self.run_id, state="KILLED",
+                         reason=message)
+
+    def options(self) -> dict[str, Any]:
+        with session_scope(self.url) as s:
+            job = s.get(Job, self.job)
+            return dict(job.options) if job else {}
+
+    @property
+    def registry(self) -> str:
+        return f"job {self.job} run {self.run_id}: the registry"
 
     def stop_state(self) -> str:
         """"fenced" once another run is the job's current one, else the job's desired state: RUN, STOP or MOVE."""
@@ -168,13 +206,14 @@ class Driver:
             (checkpoint_root / orphan).rename(checkpoint_root / f".dropped-{orphan}")
         queries = StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id)
         seen = queries.committed()
-        self.report(seen, committed=False, sinks={s.name: s.sink.describe() for s in stages},
-                    plans=self.describe(spark, stages))
+        described_plans = self.describe(spark, stages)
+        patiently(partial(self.report, seen, committed=False, sinks={s.name: s.sink.describe() for s in stages},
+                          plans=described_plans), self.registry)
         # A sink Changeover cannot fence: claim the job before the first write, so the run this one replaces
         # can no longer reclaim it and write the same batches again.
         took_over = False
         if not all(stage.sink.fenced for stage in stages):
-            took_over = lease.take_over(self.url, self.job, self.run_id)
+            took_over = patiently(partial(lease.take_over, self.url, self.job, self.run_id), self.registry)
             if not took_over:
                 self.report(seen, committed=False, state="STOPPED")
                 return True
@@ -182,48 +221,48 @@ class Driver:
         described: set[str] = set()
         reported = time.monotonic()
         while True:
-            state = self.stop_state()
+            state = patiently(self.stop_state, self.registry)
             if state == "fenced":
                 queries.stop_now()
                 self.report(queries.committed(), committed=False, state="STOPPED")
                 return True
             if state in ("STOP", "MOVE"):
                 if not queries.stop_at_boundary(self.stop_deadline):
-                    self.stop_failed(state)
+                    patiently(partial(self.stop_failed, state), self.registry)
                     continue
                 now = queries.committed()
-                self.report(now, committed=now != seen)
+                patiently(partial(self.report, now, committed=now != seen), self.registry)
                 seen = now
                 if state == "STOP" or not self._park(now):
                     if state == "STOP":
-                        self.report(now, committed=False, state="STOPPED")
+                        patiently(partial(self.report, now, committed=False, state="STOPPED"), self.registry)
                     return True
                 queries.start()
                 continue
             failure = queries.failure()
             if failure is not None:
-                if self.stop_state() == "fenced":
+                if patiently(self.stop_state, self.registry) == "fenced":
                     continue  # a fenced write failed its batch: nothing of it landed; the next turn stops
                 raise failure
             now = queries.committed()
             advanced = now != seen
             if not took_over and (advanced or queries.have_run()):
-                took_over = lease.take_over(self.url, self.job, self.run_id)
+                took_over = patiently(partial(lease.take_over, self.url, self.job, self.run_id), self.registry)
             fresh = [n for n in names if n not in described and now[n] is not None]
             if spark is not None and fresh:
-                self.report_operators(spark, checkpoint_root, fresh)
+                patiently(partial(self.report_operators, spark, checkpoint_root, fresh), self.registry)
                 described.update(fresh)
             if advanced or time.monotonic() - reported >= HEARTBEAT_SECONDS:
                 try:
                     self.report(now, committed=advanced)
                     seen, reported = now, time.monotonic()
-                except OperationalError as exc:  # e.g. SQLite busy past its timeout: the queries go on
+                except TRANSIENT as exc:  # SQLite busy past its timeout, a restarting server: the queries go on
                     log.warning("job %s run %s: progress not recorded (%s); retrying", self.job, self.run_id, exc)
             time.sleep(LOOP_SECONDS)
 
     def _park(self, progress: dict[str, int | None]) -> bool:
         """Stopped at a batch boundary: wait, holding the lease, until handed off (False) or resumed (True)."""
-        lease.park(self.url, self.job, self.run_id, progress, self.lease_seconds)
+        patiently(lambda: lease.park(self.url, self.job, self.run_id, progress, self.lease_seconds), self.registry)
         log.info("job %s run %s parked at %s for up to %.0f s", self.job, self.run_id, progress, self.lease_seconds)
         while (decision := self._decide()) == "wait":
             time.sleep(0.5)
@@ -235,8 +274,8 @@ class Driver:
         clean boundary, and failing would leave it unresumable."""
         try:
             return lease.decide(self.url, self.job, self.run_id)
-        except OperationalError as exc:
-            log.warning("job %s run %s: the registry did not answer (%s); still parked", self.job, self.run_id, exc)
+        except TRANSIENT as exc:
+            log.warning("%s: the database did not answer (%s); still parked", self.registry, exc)
             return "wait"
 
 
@@ -264,19 +303,22 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import SparkSession
 
+    parent = os.getppid()  # the driver JVM that runs this Python
     driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds, args.stop_deadline)
-    driver.record_submission(Path.cwd())
+    patiently(partial(driver.record_submission, Path.cwd()), driver.registry)
     spark = SparkSession.builder.appName(f"changeover-{args.job}").getOrCreate()
-    driver.heartbeat()  # alive from the session's start: a parked predecessor then waits for this run to start
+    # alive from the session's start: a parked predecessor then waits for this run to start
+    if not patiently(driver.heartbeat, driver.registry):
+        log.warning("job %s run %s ended before its driver started; nothing to run", args.job, args.run_id)
+        spark.stop()
+        return 0
     try:
         if spark.version != args.expected_version:
             message = version_mismatch(args.job, spark.version, args.expected_version)
             print(message, file=sys.stderr, flush=True)
             driver.fail(message)
             return 3
-        with session_scope(driver.url) as s:
-            job = s.get(Job, args.job)
-            options = dict(job.options) if job else {}
+        options = patiently(driver.options, driver.registry)
         context = JobContext(args.job, args.run_id, options)
         if args.entry == "build":
             stages = importlib.import_module(args.module).build(spark, context)
@@ -291,7 +333,14 @@ def main(argv: list[str] | None = None) -> int:
         driver.report({}, committed=False, state="FINISHED")
         return 0
     except Exception as exc:
+        if jvm_lost(exc, parent):
+            driver.lost_jvm(f"its driver's JVM ended under its Python ({type(exc).__name__}: {exc}): killed, or it "
+                            "crashed; the checkpoint is whole as of the last commit")
+            return 137
         driver.fail(f"job {args.job}: {type(exc).__name__}: {exc}")
         raise
     finally:
-        spark.stop()
+        try:
+            spark.stop()
+        except Exception as exc:  # noqa: BLE001 - with its JVM gone, stopping the session fails too
+            log.warning("job %s run %s: the Spark session did not stop cleanly (%s)", args.job, args.run_id, exc)

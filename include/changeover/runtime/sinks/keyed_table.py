@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
-from changeover.registry.db import engine_for
+from changeover.registry.db import engine_for, patiently
 from changeover.registry.models import SinkLedger
 from changeover.runtime import fence
 from changeover.runtime.sinks.base import Sink, WriteContext
@@ -47,6 +47,27 @@ def _sql_type(field: Any) -> Any:
                               "a keyed table stores flat columns only",
                               "select flat columns before the sink, e.g. window.start AS window_start")
     return _SPARK_TYPES[name]()
+
+
+def without_password(url: str) -> str:
+    # URL is a NamedTuple; its set() reads password=None as "unchanged"
+    return sa.make_url(url)._replace(password=None).render_as_string(hide_password=False)
+
+
+def with_password_of(url: str, known: str) -> str:
+    """A described URL, given the password of a known URL (the registry's) that names the same server and user:
+    the usual case of a sink in the registry's database. Any other sink's password comes from where its driver
+    looks for it (libpq's PGPASSFILE, say), never from a description."""
+    described, source = sa.make_url(url), sa.make_url(known)
+
+    def server(u: sa.URL) -> tuple[str, str | None, str | None, int | None]:
+        port = u.port or (5432 if u.get_backend_name() == "postgresql" else None)
+        return u.get_backend_name(), u.username, u.host, port
+
+    same = server(described) == server(source)
+    if described.password is not None or source.password is None or not same:
+        return url
+    return described.set(password=source.password).render_as_string(hide_password=False)
 
 
 def _insert(connection: Connection) -> Any:
@@ -113,7 +134,9 @@ def _stage_partition(url: str, staging: str, columns: list[str], owner: str, bat
     table = sa.table(staging, *(sa.column(c) for c in (*columns, OWNER, BATCH, RUN, PART)))
     mine = (table.c[OWNER] == owner) & (table.c[BATCH] == batch_id) & (table.c[RUN] == run_id) & (table.c[PART] == part)
     tags = {OWNER: owner, BATCH: batch_id, RUN: run_id, PART: part}
-    with engine_for(url).begin() as connection:
+    # A database away for a moment: wait for it here (a try that failed mid-write is retried by Spark and waits here)
+    connection = patiently(engine_for(url).connect, f"stage {owner} batch {batch_id} partition {part}: its sink")
+    with connection, connection.begin():
         connection.execute(sa.delete(table).where(mine))  # a retried task replaces what its first try wrote
         chunk: list[dict[str, Any]] = []
         for row in rows:
@@ -152,7 +175,13 @@ class KeyedTable(Sink):
             return _reflect(self.url, self.table, tuple(self.keys))
 
     def write(self, batch: Any, batch_id: int, context: WriteContext) -> bool:
-        """Write one micro-batch; False when the ledger shows it was written before."""
+        """Write one micro-batch; False when the ledger shows it was written before. A database that does not answer
+        (restarting, failing over) is waited for: every step is safe to repeat, and the ledger skips a batch whose
+        merge committed though its answer was lost."""
+        return patiently(functools.partial(self._write, batch, batch_id, context),
+                         f"job {context.job} stage {context.stage} batch {batch_id}: its sink or the registry")
+
+    def _write(self, batch: Any, batch_id: int, context: WriteContext) -> bool:
         tables = self.tables(batch.schema)
         owner = f"{context.job}/{context.stage}"
         if self._written(engine_for(self.url), tables, context, batch_id):
@@ -162,7 +191,9 @@ class KeyedTable(Sink):
             return False
         with engine_for(self.url).begin() as connection:  # what an interrupted try of this batch staged
             staged = tables.staging.c
-            connection.execute(sa.delete(tables.staging).where(staged[OWNER] == owner, staged[BATCH] == batch_id))
+            # only this run's: another run's try of the same batch id may be staging now (the fence decides who merges)
+            connection.execute(sa.delete(tables.staging).where(staged[OWNER] == owner, staged[BATCH] == batch_id,
+                                                               staged[RUN] == context.run_id))
         stage = functools.partial(_stage_partition, self.url, tables.staging.name, batch.columns, owner, batch_id,
                                   context.run_id, self.chunk_rows)
         batch.foreachPartition(stage)
@@ -182,7 +213,8 @@ class KeyedTable(Sink):
                batch_id: int) -> bool:
         staging, target, undo, ledger = tables.staging.c, tables.target, tables.undo, tables.ledger
         mine = (staging[OWNER] == owner) & (staging[BATCH] == batch_id) & (staging[RUN] == context.run_id)
-        clear = sa.delete(tables.staging).where(mine)
+        # inside the fence, every run's rows of this batch are done with: only the current run merges, once
+        clear = sa.delete(tables.staging).where(staging[OWNER] == owner, staging[BATCH] == batch_id)
         if connection.scalar(sa.select(ledger.c.batch_id).where(
                 ledger.c.job == context.job, ledger.c.stage == context.stage,
                 ledger.c.batch_id == batch_id)) is not None:
@@ -215,8 +247,8 @@ class KeyedTable(Sink):
         return True
 
     def describe(self) -> dict[str, Any]:
-        # The URL as given: the control plane checks and rewinds the table with it (credentials: see the README).
-        return {"kind": self.kind, "guarantee": self.guarantee, "url": self.url,
+        # Kept in the registry and in savepoint manifests, so without its password (see `with_password_of`).
+        return {"kind": self.kind, "guarantee": self.guarantee, "url": without_password(self.url),
                 "table": self.table, "keys": list(self.keys)}
 
     @classmethod

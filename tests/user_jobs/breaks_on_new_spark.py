@@ -1,0 +1,26 @@
+"""A user's job whose code breaks on a newer Spark: it counts click events per key, but a function it applies
+fails on the version its `broken_on` option names, as a call removed in that version would, on the first batch
+it runs there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from changeover.runtime import JobContext, KeyedTable, Stage
+from changeover.settings import registry_url
+from pyspark.sql import functions as F
+
+
+def build(spark: Any, ctx: JobContext) -> list[Stage]:
+    broken = spark.version == ctx.options.get("broken_on")
+
+    @F.udf("string")
+    def checked(key: str) -> str:
+        if broken:
+            raise RuntimeError(f"this job's code does not run on Spark {ctx.options['broken_on']}")
+        return key
+
+    events = spark.readStream.schema("key string, ts timestamp, seq long").json(ctx.options["landing"])
+    totals = events.select(checked("key").alias("key")).groupBy("key").count()
+    return [Stage("totals", totals, KeyedTable(registry_url(), f"{ctx.job}_totals", keys=("key",)), "update",
+                  "1 second")]
