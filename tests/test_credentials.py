@@ -64,5 +64,7 @@ def test_a_keyed_tables_description_keeps_no_password_and_the_control_plane_fill
     elsewhere = KeyedTable("postgresql+psycopg://app:other@sinks.example/warehouse", "t", keys=("k",)).describe()
     assert from_description(elsewhere, registry).url == "postgresql+psycopg://app@sinks.example/warehouse"
     assert from_description(described).url == described["url"]
+    sockets = "postgresql+psycopg://app:pw@/registry?host=/run/a", "postgresql+psycopg://app@/warehouse?host=/run/b"
+    assert "pw" not in from_description(KeyedTable(sockets[1], "t", keys=("k",)).describe(), sockets[0]).url
     implicit_port = KeyedTable("postgresql+psycopg://app@db.example/registry", "t", keys=("k",)).describe()
     assert from_description(implicit_port, registry).url == "postgresql+psycopg://app:s3cret@db.example/registry"

@@ -50,6 +50,25 @@ def test_only_a_database_that_is_away_is_waited_for(tmp_path) -> None:  # noqa: 
         with engine_for(away).connect():
             pass
 
+    with pytest.raises(OperationalError):
+        refused()  # once outside, so the driver's import and the engine's creation are not timed below
     with pytest.raises(OperationalError) as gone:
         patiently(refused, "test", patience=1.2)
-    assert transient(gone.value) and calls.count(2) >= 2  # tried again before giving up
+    assert transient(gone.value) and calls.count(2) >= 3  # tried again before giving up
+
+
+def test_a_database_that_answers_no_is_not_waited_for() -> None:
+    """A missing database (or role, or a refused password) is a FATAL that retrying never clears."""
+    import pytest
+    from changeover.registry.db import transient
+    from conftest import PG_ADMIN_URL
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import OperationalError
+
+    if not PG_ADMIN_URL:
+        pytest.skip("set CHANGEOVER_TEST_DATABASE_URL to run this against PostgreSQL (CI does)")
+    missing = make_url(PG_ADMIN_URL).set(database="changeover_no_such_database").render_as_string(
+        hide_password=False)
+    with pytest.raises(OperationalError) as refused, engine_for(missing).connect():
+        pass
+    assert "does not exist" in str(refused.value) and not transient(refused.value)

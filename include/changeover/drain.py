@@ -14,13 +14,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 
 from changeover import audit, faults, jobs, placement, relocate, savepoints
 from changeover.cluster import LocalCluster, Membership
 from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.registry.db import lock_all, session_scope
-from changeover.registry.models import STOPPING, Job, JobRun, Member, utcnow
+from changeover.registry.models import STOPPING, Event, Job, JobRun, Member, utcnow
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 
@@ -194,6 +194,15 @@ def _begin(settings: Settings, current: DrainPlan) -> bool:
     return True
 
 
+def drain_began(settings: Settings, member: str) -> datetime | None:
+    """When the member's last drain began: its row's mark, or, once a worker's restart has cleared that (an abort
+    that died midway and is run again), its last `drain.begin` event."""
+    with session_scope(settings.database_url) as s:
+        marked = LocalCluster._member(s, member).drain_started_at
+        return marked or s.scalar(select(func.max(Event.at)).where(Event.action == "drain.begin",
+                                                                   Event.subject == member))
+
+
 def recommission(settings: Settings, membership: Membership, member: str, reason: str) -> bool:
     """A decommissioned worker gets no new executors until it restarts, so drivers left on it starve. Restart it at
     its version, unless a driver on it cannot come back: the fault-tolerant jobs' current runs are ended first and
@@ -257,17 +266,19 @@ def abort(settings: Settings, membership: Membership, member: str, reason: str) 
     """Give a member back to service mid-drain (its drain window closed). True once it is ACTIVE again.
 
     Stops still pending are withdrawn, so parked runs resume in place; jobs already moved stay moved. A
-    decommissioned worker takes no new work until it restarts, so it is restarted at its version, but only
-    when no driver runs on it: a running job is never killed to end a drain.
+    decommissioned worker takes no new work until it restarts, so it is restarted at its version (`recommission`):
+    fault-tolerant jobs' drivers on it go on from their checkpoints, and any other running job is never killed to
+    end a drain (the worker is then left as it is).
     """
     current = plan(settings, membership, member)
     if current.status not in ("ACTIVE", "DRAINING"):
         return False  # already drained: finishing the upgrade is quicker than undoing it
     for name in [*current.save, *current.stopping, *current.stopped]:
         relocate.withdraw(settings, membership, name, reason, member=member)
+    began = drain_began(settings, member)
     restart = current.decommissioned and recommission(settings, membership, member, reason)
     # also after an abort that died between the restart and here: what is looked at is the jobs' runs
-    continued = jobs.continue_ended_on(settings, membership, member)
+    continued = jobs.continue_ended_on(settings, membership, member, began)
     with session_scope(settings.database_url) as s:
         row = LocalCluster._member(s, member)
         row.status, row.drain_started_at = "ACTIVE", None

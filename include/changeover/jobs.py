@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -450,30 +450,43 @@ def _kill(settings: Settings, membership: Membership, run_id: int, version: str,
     ends on its last commit, or on the boundary it parked at. Returns once the master says the driver has ended,
     so a resubmit may then take over its checkpoint."""
     master = membership.master(version)
+    asked = utcnow()
     master.kill(submission)
     wait_for(lambda: master.status(submission).state not in ("SUBMITTED", "RUNNING", "RELAUNCHING"), 120,
              f"the driver of run {run_id} ending after its kill")
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
-        run.state, run.error = state, reason
-        run.ended_at, run.lease_until = run.ended_at or utcnow(), None
-        audit.record(s, action, "job", run.job, run=run_id, state=state, reason=reason)
+        if run.ended_at is None or as_utc(run.ended_at) >= asked:  # an end the run recorded before is its own
+            said = (run.error or "").splitlines()[0][:300] if run.error else "no reason"
+            written = f" (its driver wrote, dying: {run.state}, {said})" if run.ended_at is not None else ""
+            run.state, run.error = state, reason + written
+            run.ended_at, run.lease_until = run.ended_at or utcnow(), None
+        audit.record(s, action, "job", run.job, run=run_id, state=run.state, reason=reason)
 
 
-def continue_ended_on(settings: Settings, membership: Membership, member: str) -> list[str]:
-    """Fault-tolerant jobs still wanted whose current run ended on `member` without failing on its own code
-    (killed, or stopped for a move that was withdrawn) go on from their checkpoints at the version they ran:
-    the same version, so a new one that failed them is not tried again here."""
+def continue_ended_on(settings: Settings, membership: Membership, member: str, since: datetime | None) -> list[str]:
+    """Fault-tolerant jobs still wanted whose current run ended on `member` since `since` (its drain's start) without
+    failing on its own code (killed, or stopped for a move that was withdrawn) go on from their checkpoints at the
+    version they ran: the same version, so a new one that failed them is not tried again here. A run that ended
+    before the drain (a job someone left down) is left alone, and a job another launch continued first is skipped."""
+    if since is None:
+        return []
     with session_scope(settings.database_url) as s:
         ended = list(s.scalars(select(JobRun).join(Job, Job.current_run_id == JobRun.id).where(
             Job.fault_tolerant.is_(True), Job.desired == "RUN", JobRun.member == member,
-            JobRun.ended_at.is_not(None), JobRun.state.in_(("KILLED", "STOPPED")))))
+            JobRun.ended_at >= since, JobRun.state.in_(("KILLED", "STOPPED")))))
+    continued = []
     for run in ended:
         root = new_checkpoint_root(settings, run.job)
-        continue_from(settings, membership, run, root)
-        launch(settings, membership, run.job, run.spark_version, root, continues_run=run.id)
-    return [run.job for run in ended]
+        try:
+            continue_from(settings, membership, run, root)
+            launch(settings, membership, run.job, run.spark_version, root, continues_run=run.id)
+        except ChangeoverError as exc:  # another launch went first, or its driver is not gone yet
+            log.warning("job %s: not continued from run %s: %s", run.job, run.id, exc)
+            continue
+        continued.append(run.job)
+    return continued
 
 
 def list_jobs(settings: Settings) -> list[dict[str, Any]]:

@@ -88,11 +88,17 @@ def _return_to_service(settings: Settings, cluster: LocalCluster, member: str, r
         if row is None or row.status not in STUCK:
             return False
         state, version = row.status, row.version
+    began = drain.drain_began(settings, member)
     if state == "DRAINING":
         return drain.abort(settings, cluster, member, reason)
-    # decommissioned or half restarted: a fresh worker at the version it has
-    restart = drain.recommission(settings, cluster, member, reason)
-    continued = jobs.continue_ended_on(settings, cluster, member)  # also after an abort that died midway
+    if cluster.is_decommissioned(member):  # drained, or its worker gone: a fresh one at the version it has
+        restart = drain.recommission(settings, cluster, member, reason)
+    else:  # half restarted: only when nothing runs there, since its drivers may be new ones the master placed
+        restart = not jobs.drivers_on(settings, cluster, member)
+        if restart:
+            cluster.stop_worker(member)
+            cluster.start_worker(member, version)
+    continued = jobs.continue_ended_on(settings, cluster, member, began)  # also after an abort that died midway
     with session_scope(settings.database_url) as s:
         row = LocalCluster._member(s, member)
         row.status, row.drain_started_at = "ACTIVE", None

@@ -17,7 +17,12 @@ from sqlalchemy.orm import Session, sessionmaker
 # The kinds a database that is restarting, failing over or busy raises; `transient` tells which of them will clear.
 TRANSIENT: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
 _RETRYABLE_SQLSTATES = ("57P01", "57P02", "57P03", "40001", "40P01")  # shut down, cannot connect now, conflicts
-_GONE_WORDS = ("connection", "server closed", "terminating", "database is locked", "database is busy")
+# What a server that is away for a while says (psycopg gives a failed connect no SQLSTATE); a FATAL such as a
+# missing database or role, or a password refused, is not among them.
+_AWAY_WORDS = ("connection refused", "could not connect", "the database system is starting up",
+               "the database system is shutting down", "the database system is in recovery mode",
+               "too many clients", "server closed the connection", "connection timeout expired",
+               "timeout expired", "database is locked", "database is busy")
 
 
 def transient(exc: BaseException) -> bool:
@@ -31,7 +36,7 @@ def transient(exc: BaseException) -> bool:
     if state:
         return state.startswith("08") or state in _RETRYABLE_SQLSTATES
     text = str(exc.orig).lower()
-    return "authentication" not in text and any(word in text for word in _GONE_WORDS)
+    return any(word in text for word in _AWAY_WORDS)
 REGISTRY_PATIENCE_SECONDS = 600.0
 T = TypeVar("T")
 log = logging.getLogger("changeover.registry")

@@ -48,18 +48,29 @@ def unmatched_state(job: str, restored: set[str], stages: set[str]) -> str | Non
     )
 
 
-def jvm_lost(exc: BaseException, parent_at_start: int) -> bool:
-    """Whether an error says the driver's JVM is gone under its Python (killed, the OOM killer), not that the
-    job's own code failed: py4j lost its connection, and this process lost its parent (the JVM that started it).
-    Such a run ends KILLED, and a move goes on from its checkpoint, as after any other kill."""
-    from py4j.protocol import Py4JNetworkError
+def jvm_lost(exc: BaseException, parent_at_start: int, wait: float = 2.0) -> bool:
+    """Whether the driver's JVM is gone under its Python (killed, the OOM killer), rather than the job's own code
+    having failed: this process lost the parent that started it. A py4j error is how the loss shows (a reset
+    socket surfaces as a bare Py4JError), and the kernel may close the JVM's sockets a moment before it re-parents
+    its children, so the parent is looked at again for up to `wait` s. Such a run ends KILLED, and a move goes
+    on from its checkpoint, as after any other kill."""
+    from py4j.protocol import Py4JError
 
-    if os.getppid() == parent_at_start:
-        return False  # the JVM is alive: a network error is the job's own (its code's sockets, say)
+    if not _caused_by(exc, Py4JError):
+        return False  # not a failure to reach the JVM: the job's own (its code's sockets included)
+    deadline = time.monotonic() + wait
+    while os.getppid() == parent_at_start:
+        if time.monotonic() >= deadline:
+            return False  # the JVM is alive: a py4j error it raised is about the job
+        time.sleep(0.1)
+    return True
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, Py4JNetworkError):
+        if isinstance(current, kind):
             return True
         seen.add(id(current))
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)

@@ -60,9 +60,10 @@ def with_password_of(url: str, known: str) -> str:
     looks for it (libpq's PGPASSFILE, say), never from a description."""
     described, source = sa.make_url(url), sa.make_url(known)
 
-    def server(u: sa.URL) -> tuple[str, str | None, str | None, int | None]:
+    def server(u: sa.URL) -> tuple[str, str | None, str | None, int | None, str | None]:
         port = u.port or (5432 if u.get_backend_name() == "postgresql" else None)
-        return u.get_backend_name(), u.username, u.host, port
+        socket = u.query.get("host")  # a Unix socket folder, given in the query string
+        return u.get_backend_name(), u.username, u.host, port, str(socket) if socket else None
 
     same = server(described) == server(source)
     if described.password is not None or source.password is None or not same:
@@ -175,28 +176,34 @@ class KeyedTable(Sink):
             return _reflect(self.url, self.table, tuple(self.keys))
 
     def write(self, batch: Any, batch_id: int, context: WriteContext) -> bool:
-        """Write one micro-batch; False when the ledger shows it was written before. A database that does not answer
-        (restarting, failing over) is waited for: every step is safe to repeat, and the ledger skips a batch whose
-        merge committed though its answer was lost."""
-        return patiently(functools.partial(self._write, batch, batch_id, context),
-                         f"job {context.job} stage {context.stage} batch {batch_id}: its sink or the registry")
+        """Write one micro-batch; False when the ledger shows it was written before.
 
-    def _write(self, batch: Any, batch_id: int, context: WriteContext) -> bool:
-        tables = self.tables(batch.schema)
+        A database that does not answer (restarting, failing over) is waited for, step by step: each database step
+        is safe to repeat, the partitions wait for it themselves, and the batch's data is staged once per try, as
+        Spark's batch runs once. A merge whose commit's answer was lost is found in the ledger on its retry."""
+        waiting = f"job {context.job} stage {context.stage} batch {batch_id}: its sink or the registry"
+        tables = patiently(functools.partial(self.tables, batch.schema), waiting)
         owner = f"{context.job}/{context.stage}"
-        if self._written(engine_for(self.url), tables, context, batch_id):
+        if patiently(functools.partial(self._written, engine_for(self.url), tables, context, batch_id), waiting):
             # A replay: the rows are written, but the batch still runs, so its state stores commit their version
             # (Spark 4.2 fails a foreachBatch query whose stateful batch did not run: STATE_STORE_COMMIT_...).
             batch.write.format("noop").mode("overwrite").save()
             return False
-        with engine_for(self.url).begin() as connection:  # what an interrupted try of this batch staged
-            staged = tables.staging.c
-            # only this run's: another run's try of the same batch id may be staging now (the fence decides who merges)
-            connection.execute(sa.delete(tables.staging).where(staged[OWNER] == owner, staged[BATCH] == batch_id,
-                                                               staged[RUN] == context.run_id))
+        patiently(functools.partial(self._unstage, tables, owner, batch_id, context.run_id), waiting)
         stage = functools.partial(_stage_partition, self.url, tables.staging.name, batch.columns, owner, batch_id,
                                   context.run_id, self.chunk_rows)
         batch.foreachPartition(stage)
+        return patiently(functools.partial(self._merge_fenced, tables, context, owner, batch_id), waiting)
+
+    def _unstage(self, tables: _Tables, owner: str, batch_id: int, run_id: int) -> None:
+        """What an interrupted try of this run staged; only this run's: another run's try of the same batch id may
+        be staging now (the fence decides which one merges)."""
+        staged = tables.staging.c
+        with engine_for(self.url).begin() as connection:
+            connection.execute(sa.delete(tables.staging).where(staged[OWNER] == owner, staged[BATCH] == batch_id,
+                                                               staged[RUN] == run_id))
+
+    def _merge_fenced(self, tables: _Tables, context: WriteContext, owner: str, batch_id: int) -> bool:
         with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as s:
             if self.url == context.registry_url:
                 return self._merge(s.connection(), tables, context, owner, batch_id)
