@@ -211,7 +211,8 @@ def recommission(settings: Settings, membership: Membership, member: str, reason
     drivers = jobs.drivers_on(settings, membership, member)
     with session_scope(settings.database_url) as s:
         version = LocalCluster._member(s, member).version
-        movable = {j.current_run_id for j in s.scalars(select(Job).where(Job.fault_tolerant.is_(True)))}
+        movable = set(s.scalars(select(Job.current_run_id).where(  # only these drivers' jobs, not the fleet's
+            Job.fault_tolerant.is_(True), Job.current_run_id.in_([run.id for run in drivers]))))
     if any(run.id not in movable for run in drivers):
         return False
     for run in drivers:

@@ -88,9 +88,9 @@ def _return_to_service(settings: Settings, cluster: LocalCluster, member: str, r
         if row is None or row.status not in STUCK:
             return False
         state, version = row.status, row.version
-    began = drain.drain_began(settings, member)
     if state == "DRAINING":
         return drain.abort(settings, cluster, member, reason)
+    began = drain.drain_began(settings, member)  # before a worker's restart clears the row's mark
     if cluster.is_decommissioned(member):  # drained, or its worker gone: a fresh one at the version it has
         restart = drain.recommission(settings, cluster, member, reason)
     else:  # half restarted: only when nothing runs there, since its drivers may be new ones the master placed
