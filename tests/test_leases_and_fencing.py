@@ -10,13 +10,14 @@ import threading
 from datetime import timedelta
 
 import pytest
-from changeover import audit, lease, roll, upgrades, verify
+from changeover import audit, jobs, lease, roll, upgrades, verify, warm
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Master, Member, utcnow
 from changeover.runtime.fence import Fenced, hold
 from changeover.settings import Settings
+from changeover.timeutil import as_utc
 from changeover.windows import DrainWindow
 
 
@@ -293,3 +294,66 @@ def test_events_filter_by_job_member_upgrade_and_time(settings: Settings, monkey
     assert [e.action for e in audit.find(url, upgrade="up-1")] == ["drain.begin", "job.request_stop"]
     assert audit.find(url, since=utcnow() + timedelta(minutes=1)) == []
     assert [e.action for e in audit.find(url, until=utcnow())][-1] == "job.launch"
+
+
+def _standby(settings: Settings, of: int) -> int:
+    with session_scope(settings.database_url) as s:
+        run = JobRun(job="clicks", spark_version="4.3.0", master_url="spark://y", state="STANDBY", standby_of=of,
+                     progress={})
+        s.add(run)
+        s.flush()
+        return run.id
+
+
+def test_a_standby_waits_while_its_predecessor_runs_and_starts_once_handed_the_checkpoint(settings: Settings,
+                                                                                            tmp_path) -> None:
+    old = _job_with_parked_run(settings, lease_left=1)
+    standby = _standby(settings, old)
+    assert lease.mark_ready(settings.database_url, standby, {"totals": {}})
+    assert lease.standby_turn(settings.database_url, "clicks", standby) == "wait"
+    assert warm.hand_over(settings, "clicks", standby, old, 1, tmp_path / "restored", "drain-m1-run1-stop1")
+    lease.end_standby(settings.database_url, "clicks", standby, "its own deadline, a moment too late")  # no effect
+    assert lease.standby_turn(settings.database_url, "clicks", standby) == "start"
+    with session_scope(settings.database_url) as s:
+        job, run, parked = s.get(Job, "clicks"), s.get(JobRun, standby), s.get(JobRun, old)
+        assert (job.current_run_id, job.desired) == (standby, "RUN")
+        assert (run.state, run.checkpoint_root, run.from_savepoint) == ("RUNNING", str(tmp_path / "restored"),
+                                                                        "drain-m1-run1-stop1")
+        assert parked.parked  # it waits for the standby's first write, and takes the job back if it fails first
+        assert (as_utc(parked.lease_until) - utcnow()).total_seconds() > 60  # the lease counts from the hand-over
+    assert lease.decide(settings.database_url, "clicks", old) == "wait"
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, standby).state, s.get(JobRun, standby).ended_at = "FAILED", utcnow()
+    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+
+
+def test_a_hand_over_is_refused_once_the_parked_run_resumed_and_skipped_for_an_ended_standby(settings: Settings,
+                                                                                           tmp_path) -> None:
+    old = _job_with_parked_run(settings, lease_left=3600)
+    standby = _standby(settings, old)
+    jobs.dismiss_standby(settings, None, standby, "dismissed for the test")  # type: ignore[arg-type]
+    assert not warm.hand_over(settings, "clicks", standby, old, 1, tmp_path, "sp")  # the caller launches cold
+    other = _standby(settings, old)
+    with pytest.raises(ChangeoverError, match="no longer parked where its savepoint was taken"):
+        warm.hand_over(settings, "clicks", other, old, 2, tmp_path, "sp")  # it parked again since: a stale savepoint
+    with session_scope(settings.database_url) as s:
+        s.get(Job, "clicks").desired = "RUN"
+    assert lease.decide(settings.database_url, "clicks", old) == "resume"  # the stop was withdrawn
+    with pytest.raises(ChangeoverError, match="no longer parked where its savepoint was taken"):
+        warm.hand_over(settings, "clicks", other, old, 1, tmp_path, "sp")
+    with session_scope(settings.database_url) as s:
+        assert s.get(Job, "clicks").current_run_id == old
+
+
+def test_a_standby_leaves_when_its_predecessor_is_no_longer_the_jobs_run(settings: Settings) -> None:
+    old = _job_with_parked_run(settings, lease_left=3600)
+    standby = _standby(settings, old)
+    _successor(settings)  # a cold launch went first
+    assert lease.standby_turn(settings.database_url, "clicks", standby) == "dismissed"
+    lease.end_standby(settings.database_url, "clicks", standby, "dismissed")
+    lease.end_standby(settings.database_url, "clicks", standby, "ended twice")  # the first end stands
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, standby)
+        assert run.state == "STOPPED" and run.ended_at is not None and run.error == "dismissed"
+    assert not lease.mark_ready(settings.database_url, standby, None)  # an ended standby never says it is ready
+    assert [e.action for e in audit.find(settings.database_url, job="clicks")].count("job.standby.end") == 1

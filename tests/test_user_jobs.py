@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
-from changeover import jobs, relocate, savepoints
+from changeover import audit, jobs, moves, relocate, savepoints, warm
 from changeover.cluster import LocalCluster, wait_for
 from changeover.errors import ChangeoverError
 from changeover.generator import Generator
@@ -25,7 +25,7 @@ from changeover.settings import Settings
 from changeover.spark_settings import SparkSettings
 from conftest import ONE_REGISTRY, registry_settings
 from guide_words import GUIDE_JOB, Words, parquet_counts
-from jobs import click_audit, click_joins
+from jobs import click_audit, click_joins, clicks
 from sqlalchemy import func, select
 
 pytestmark = pytest.mark.slow
@@ -85,6 +85,7 @@ def test_the_guides_windowed_count_from_a_file_outside_the_checkout_moves_exact(
         words.write()
     with words.writing():
         move_to(live, "guide", "4.3.0")
+    assert [m.warm for m in moves.of(live.settings, "guide")] == [True]  # a standby was ready before the stop
     for _ in range(12):
         words.write()
     words.flush()
@@ -134,6 +135,39 @@ def test_a_join_into_a_keyed_table_and_a_foreach_batch_job_move_exact_and_surviv
     wait_for(lambda: click_audit.totals(audit_url) == dict(generator.truth), 300, "the audit table exact")
     for job in ("joins", "audit"):
         jobs.cancel(live.settings, live.cluster, job, reason="test finished with it")
+
+
+def test_a_standby_killed_before_the_hand_over_leaves_the_job_running_and_the_move_goes_cold(live: Cluster,
+                                                                                          tmp_path: Path) -> None:
+    """A warm move's fallback before the handoff: its standby on 4.3.0 dies while the job still runs on 4.2.0. The
+    job was never asked to stop; the move then goes cold, and the job ends exact."""
+    generator = Generator(tmp_path / "landing")
+    generator.write_file()
+    generator.start(interval=0.5)
+    try:
+        first = jobs.submit(live.settings, live.cluster, "jobs.clicks", "fallback",
+                            options={"landing": str(generator.landing)})
+        jobs.wait_until_committed(live.settings, live.cluster, "fallback")
+        assert not relocate.step(live.settings, live.cluster, "fallback", "4.3.0", reason="upgrade")
+        standby = warm.standby_of(live.settings, live.cluster, first.id)
+        assert standby is not None and standby.spark_version == "4.3.0" and standby.submission_id
+        wait_for(lambda: jobs.observe(live.settings, live.cluster, standby.id).heartbeat_at is not None, 240,
+                 "the standby's driver starting")
+        live.cluster.master("4.3.0").kill(standby.submission_id)
+        wait_for(lambda: jobs.observe(live.settings, live.cluster, standby.id).ended_at is not None, 120,
+                 "the standby ending")
+        running = jobs.refresh(live.settings, live.cluster, "fallback")
+        assert running is not None and running.id == first.id and running.state == "RUNNING" and not running.parks
+        move_to(live, "fallback", "4.3.0")
+    finally:
+        generator.stop()
+    wait_for(lambda: clicks.results(live.settings.database_url, "fallback")[0] == dict(generator.truth), 300,
+             "job fallback catching up with every generated file")
+    assert [(m.from_run, m.warm) for m in moves.of(live.settings, "fallback")] == [(first.id, False)]
+    cold = [e.details["reason"] for e in audit.find(live.settings.database_url, job="fallback")
+            if e.action == "job.move.cold"]
+    assert cold and f"its standby run {standby.id} ended KILLED" in cold[-1], cold
+    jobs.cancel(live.settings, live.cluster, "fallback", reason="test finished with it")
 
 
 def test_an_unchanged_script_runs_as_a_batch_job_with_its_own_spark_settings(live: Cluster, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from jobs import clicks
 from rich.console import Console
 from sqlalchemy import select
 
-from changeover import jobs, local_airflow
+from changeover import jobs, local_airflow, moves
 from changeover.cluster import LocalCluster, wait_for
 from changeover.generator import Generator
 from changeover.registry.db import forget_engines, session_scope
@@ -112,7 +112,6 @@ def _summary(settings: Settings, cluster: LocalCluster, generator: Generator, wa
     status = cluster.status()
     with session_scope(settings.database_url) as s:
         events = list(s.scalars(select(Event).order_by(Event.id)))
-        runs = list(s.scalars(select(JobRun).where(JobRun.job == "clicks").order_by(JobRun.id)))
     console.rule("summary")
     upgrades = {e.subject: e.details for e in events if e.action == "member.upgrade"}
     for m in status["members"]:
@@ -122,15 +121,12 @@ def _summary(settings: Settings, cluster: LocalCluster, generator: Generator, wa
         console.print(f"savepoint {sp.subject}: {sp.details['size_bytes']:,} bytes, batches {sp.details['stages']}")
     for line in _drain_outcomes(events):
         console.print(line)
-    downtimes = []
-    for before, after in zip(runs, runs[1:], strict=False):
-        if before.last_commit_at and after.first_commit_at:
-            gap = (as_utc(after.first_commit_at) - as_utc(before.last_commit_at)).total_seconds()
-            downtimes.append(gap)
-            console.print(f"clicks moved {before.spark_version} -> {after.spark_version}: downtime {gap:.1f} s "
-                          f"(last commit of run {before.id} to first commit of run {after.id})")
-    console.print(f"clicks: {len(downtimes)} move{'s' if len(downtimes) != 1 else ''}, downtime longest "
-                  f"{max(downtimes, default=0):.1f} s, total {sum(downtimes):.1f} s")
+    made = moves.of(settings, "clicks")
+    for move in made:
+        console.print(move.describe())
+    total = sum(m.downtime for m in made)
+    console.print(f"clicks: {len(made)} move{'s' if len(made) != 1 else ''}, downtime total {total:.1f} s, longest "
+                  f"{max((m.downtime for m in made), default=0):.1f} s")
     console.print(f"total wall time: {wall:.0f} s")
     totals, windows = clicks.results(settings.database_url, "clicks")
     wrong_windows = {k: v for k, v in windows.items() if generator.window_truth.get(k) != v}

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import func, or_, select
 
-from changeover import audit, faults, jobs, placement, relocate, savepoints
+from changeover import audit, faults, jobs, placement, relocate, warm
 from changeover.cluster import LocalCluster, Membership
 from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.registry.db import lock_all, session_scope
@@ -32,7 +32,8 @@ class DrainPlan:
     member: str
     status: str
     blocked_by: list[str] = field(default_factory=list)  # other members mid-upgrade: one at a time
-    save: list[str] = field(default_factory=list)  # fault-tolerant and running: to be asked to stop
+    save: list[str] = field(default_factory=list)  # fault-tolerant and running: to be moved (warm where it can)
+    warming: list[str] = field(default_factory=list)  # running while a standby starts on the target (`warm`)
     stopping: list[str] = field(default_factory=list)  # asked to stop; the driver finishes its batch
     stopped: list[str] = field(default_factory=list)  # at a batch boundary: to be saved and resumed elsewhere
     wait: list[str] = field(default_factory=list)
@@ -44,8 +45,8 @@ class DrainPlan:
 
     @property
     def jobs_left(self) -> bool:
-        return bool(self.save or self.stopping or self.stopped or self.wait or self.grace or self.cancel
-                    or self.handoff)
+        return bool(self.save or self.warming or self.stopping or self.stopped or self.wait or self.grace
+                    or self.cancel or self.handoff)
 
     @property
     def done(self) -> bool:
@@ -60,9 +61,9 @@ class DrainPlan:
             return False
         if self.status == "ACTIVE" or self.save or self.stopped or self.cancel:
             return True
-        if not self.stopping and not self.decommissioned:
+        if not self.stopping and not self.warming and not self.decommissioned:
             return True
-        return not (self.stopping or self.wait or self.grace or self.handoff or self.executors)
+        return not (self.warming or self.stopping or self.wait or self.grace or self.handoff or self.executors)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "done": self.done, "actionable": self.actionable}
@@ -105,8 +106,10 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
         if job.fault_tolerant:
             if run.state not in jobs.LIVE:
                 result.stopped.append(job.name)
+            elif job.desired in STOPPING:
+                result.stopping.append(job.name)
             else:
-                (result.stopping if job.desired in STOPPING else result.save).append(job.name)
+                (result.warming if _warming(settings, membership, run) else result.save).append(job.name)
         elif job.block_shutdown:
             result.wait.append(job.name)
         else:
@@ -139,29 +142,19 @@ def step(
     if current.status == "ACTIVE" and not _begin(settings, current):
         return current  # another member's drain began first
     _refuse_failed_moves(settings, current, upgrade_key)
-    for name in current.save:
-        savepoints.request_stop(settings, name, reason=f"drain of {member}", move=True)
+    target = placement.upgrade_destination(settings, _not_serving(settings), upgrade_key, membership)
+    _move(settings, membership, member, current.save, target, upgrade_key)
     for name in current.cancel:
         jobs.cancel(settings, membership, name, reason=f"drain of {member}: shutdown_timeout ran out")
         _record(settings, "drain.cancelled", member, name)
     after = plan(settings, membership, member, shutdown_timeout)
-    if after.status == "DRAINING" and not (after.save or after.stopping or after.decommissioned):
+    if after.status == "DRAINING" and not (after.save or after.warming or after.stopping or after.decommissioned):
         membership.decommission(member)  # only now: the saved jobs' batches no longer need its executors
         after = plan(settings, membership, member, shutdown_timeout)
     if after.decommissioned and after.stopped:  # decommissioned first, so a resumed driver cannot land here
         faults.point(settings, "drain.after_stop")
         target = placement.upgrade_destination(settings, _not_serving(settings), upgrade_key, membership)
-        refused: list[ChangeoverError] = []
-        for name in after.stopped:  # one job that cannot move does not hold back the others
-            try:
-                if relocate.step(settings, membership, name, target, reason=f"drain-{member}",
-                                 avoid_member=member, upgrade_key=upgrade_key):
-                    _record(settings, "drain.saved", member, name, resumed_on=target)
-            except ChangeoverError as exc:
-                refused.append(exc)
-        if refused:
-            raise ChangeoverError(f"drain of member {member}", "; ".join(str(e) for e in refused),
-                                  "fix or resume those jobs as said, then retry the task")
+        _move(settings, membership, member, after.stopped, target, upgrade_key)
         after = plan(settings, membership, member, shutdown_timeout)
     if current.status != "ACTIVE" and after.decommissioned and after.executors == 0 and not after.jobs_left:
         with session_scope(settings.database_url) as s:
@@ -174,6 +167,28 @@ def step(
     return after
 
 
+def _warming(settings: Settings, membership: Membership, run: JobRun) -> bool:
+    """A standby of the run is starting on the target, and not yet past its deadline (`warm.prepare` then acts)."""
+    standby = warm.standby_of(settings, membership, run.id)
+    return standby is not None and warm.warming(standby)
+
+
+def _move(settings: Settings, membership: Membership, member: str, names: list[str], target: str,
+          upgrade_key: str | None) -> None:
+    """The next step of each job's move (`relocate.step`): one job that cannot move does not hold back the others."""
+    refused: list[ChangeoverError] = []
+    for name in names:
+        try:
+            if relocate.step(settings, membership, name, target, reason=f"drain-{member}", avoid_member=member,
+                             upgrade_key=upgrade_key):
+                _record(settings, "drain.saved", member, name, resumed_on=target)
+        except ChangeoverError as exc:
+            refused.append(exc)
+    if refused:
+        raise ChangeoverError(f"drain of member {member}", "; ".join(str(e) for e in refused),
+                              "fix or resume those jobs as said, then retry the task")
+
+
 def _begin(settings: Settings, current: DrainPlan) -> bool:
     """Mark the member DRAINING, unless another member's drain began meanwhile: the members' rows are locked
     (FOR UPDATE on PostgreSQL, the write lock on SQLite) so two drains cannot both see the others idle."""
@@ -184,7 +199,7 @@ def _begin(settings: Settings, current: DrainPlan) -> bool:
         if current.blocked_by or row.status != "ACTIVE":
             return False
         row.status, row.drain_started_at = "DRAINING", utcnow()
-        saved = [*current.save, *current.stopping, *current.stopped]
+        saved = [*current.save, *current.warming, *current.stopping, *current.stopped]
         decisions = {**{j: "save" for j in saved}, **{j: "wait" for j in current.wait},
                      **{j: "timeout" for j in [*current.grace, *current.cancel]}}
         audit.record(s, "drain.begin", "member", current.member, decisions=decisions)
@@ -274,7 +289,7 @@ def abort(settings: Settings, membership: Membership, member: str, reason: str) 
     current = plan(settings, membership, member)
     if current.status not in ("ACTIVE", "DRAINING"):
         return False  # already drained: finishing the upgrade is quicker than undoing it
-    for name in [*current.save, *current.stopping, *current.stopped]:
+    for name in [*current.save, *current.warming, *current.stopping, *current.stopped]:
         relocate.withdraw(settings, membership, name, reason, member=member)
     began = drain_began(settings, member)
     restart = current.decommissioned and recommission(settings, membership, member, reason)

@@ -27,6 +27,7 @@ from changeover.timeutil import as_utc
 
 log = logging.getLogger(__name__)
 LIVE = ("SUBMITTED", "RUNNING")
+STANDBY = "STANDBY"  # a warm successor waiting for its checkpoint: alive, but not the job's current run
 DEFAULT_LOST_AFTER_SECONDS = 180.0
 # ERROR is Spark's word for a driver whose worker was lost (or that could not be started): not the job's own
 # failure, so a fault-tolerant job goes on from its checkpoint, as after a kill.
@@ -167,13 +168,14 @@ def launch(
     membership: Membership,
     job_name: str,
     version: str,
-    checkpoint_root: Path,
+    checkpoint_root: Path | None,
     from_savepoint: str | None = None,
     allow_non_restored_state: bool = False,
     replaces_run: int | None = None,
     replaces_park: int | None = None,
     continues_move: int | None = None,
     continues_run: int | None = None,
+    standby_of: int | None = None,
 ) -> JobRun:
     """Place a Python driver on a worker of the version group through the master's REST server.
 
@@ -185,6 +187,9 @@ def launch(
     longer asked to move (someone cancelled or stopped it meanwhile) or another run took over.
     continues_run: the ended run this launch goes on from; refused unless it is still the job's current run, ended,
     and the job still wanted (desired RUN), so two continuations never both start.
+    standby_of: the live run this launch is a warm standby for (see `changeover.warm`): it starts its session and
+    its plans, and waits for its checkpoint, without becoming the job's current run; refused unless that run is
+    still the job's current, running one and has no other standby.
     """
     runtime = find_runtime(settings.runtimes_dir, version)
     master = membership.master(version)
@@ -218,11 +223,22 @@ def launch(
             if before.parked:
                 before.lease_until = utcnow() + timedelta(seconds=float(job.options.get("lease_seconds")
                                                                         or lease.lease_seconds()))
-        run = JobRun(job=job_name, spark_version=version, master_url=master_url(master), state="SUBMITTED",
-                     checkpoint_root=str(checkpoint_root), from_savepoint=from_savepoint, progress={})
+        if standby_of is not None:
+            job = lock_row(s, Job, job_name)
+            standing = s.scalar(select(JobRun.id).where(JobRun.standby_of == standby_of, JobRun.ended_at.is_(None)))
+            running = current_run(s, job)
+            if job.current_run_id != standby_of or running is None or running.state not in LIVE or standing:
+                raise ChangeoverError(f"launch of a warm standby for run {standby_of} of job {job_name}",
+                                      "that run is no longer the job's current, running one, or it has a standby "
+                                      "already", "retry the task: it looks at the job again")
+        run = JobRun(job=job_name, spark_version=version, master_url=master_url(master),
+                     state="SUBMITTED" if standby_of is None else STANDBY, standby_of=standby_of,
+                     checkpoint_root=str(checkpoint_root) if checkpoint_root else None,
+                     from_savepoint=from_savepoint, progress={})
         s.add(run)
         s.flush()
-        job.current_run_id, job.desired = run.id, "RUN"
+        if standby_of is None:
+            job.current_run_id, job.desired = run.id, "RUN"
         # The launch's first half, on record with the run: its second (`job.launch`, with the master's
         # submission id) may be lost with the task, and the driver then reconciles it.
         audit.record(s, "job.launch.begin", "job", job_name, run=run.id, version=version,
@@ -247,8 +263,10 @@ def launch(
     for key, value in confs.items():
         app_args += ["--conf", f"{key}={value}"]
     app_args += [str(entry_script), "--job", job_name, "--run-id", str(run_id), "--module", module,
-                 "--entry", entry, "--expected-version", version, "--checkpoint-root", str(checkpoint_root),
+                 "--entry", entry, "--expected-version", version,
                  "--lease-seconds", str(lease_seconds), "--stop-deadline", str(stop_deadline)]
+    app_args += ["--checkpoint-root", str(checkpoint_root)] if checkpoint_root else []
+    app_args += ["--standby"] if standby_of is not None else []
     if allow_non_restored_state:
         app_args.append("--allow-non-restored-state")
     request = {
@@ -310,7 +328,7 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
         assert run is not None
         if run.submission_id is None and run.state == "SUBMITTED" and run.heartbeat_at is None:
             _unaccepted(s, run)
-        if run.submission_id is None or not (run.state in LIVE or run.parked):
+        if run.submission_id is None or not (run.state in (*LIVE, STANDBY) or run.parked):
             return run
         version, submission = run.spark_version, run.submission_id
     unanswered: str | None = None
@@ -328,7 +346,7 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
         observed = DRIVER_STATES.get(status.state) if status else (None if unanswered else "KILLED")
         if status is not None and status.state == "ERROR" and not run.error:
             run.error = "its master reports ERROR: its worker was lost, or the driver could not be started"
-        if observed == "FAILED" and run.state in LIVE and not run.error:
+        if observed == "FAILED" and run.state in (*LIVE, STANDBY) and not run.error:
             # The driver records its own failures before it exits; one that ended FAILED without a word was
             # killed or crashed (kill -9, the OOM killer), so its checkpoint is as whole as after a kill.
             observed = "KILLED"
@@ -349,7 +367,7 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
         if observed != "RUNNING" and run.parked:
             run.ended_at = utcnow()  # its driver is gone; the checkpoint still ends on a batch boundary
             audit.record(s, "job.end", "job", run.job, run=run.id, state="STOPPED", driver=observed)
-        elif observed != "RUNNING" and run.state in LIVE:
+        elif observed != "RUNNING" and run.state in (*LIVE, STANDBY):
             run.state, run.ended_at = observed, run.ended_at or utcnow()
             audit.record(s, "job.end", "job", run.job, run=run.id, state=observed,
                          **({"reason": run.error} if run.error else {}))
@@ -441,6 +459,25 @@ def end_for_restart(settings: Settings, membership: Membership, run_id: int, rea
             return
         version, submission, parked = run.spark_version, run.submission_id, run.parked
     _kill(settings, membership, run_id, version, submission, "STOPPED" if parked else "KILLED", reason, "job.end")
+
+
+def dismiss_standby(settings: Settings, membership: Membership, run_id: int, reason: str) -> None:
+    """End a warm standby that will not be handed its job (not ready in time, or its move was withdrawn). It never
+    ran a query, so it ends STOPPED with the reason; a driver not yet started finds its run ended and exits."""
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, run_id)
+        assert run is not None
+        job = lock_row(s, Job, run.job)  # the lock `warm.hand_over` takes: a standby is dismissed or handed the job
+        if run.ended_at is not None or job.current_run_id == run_id:
+            return
+        run.state, run.ended_at, run.error = "STOPPED", utcnow(), reason  # ended first: no hand-over after this
+        audit.record(s, "job.standby.dismiss", "job", run.job, run=run_id, state="STOPPED", reason=reason)
+        version, submission = run.spark_version, run.submission_id
+    if submission is not None:  # one not yet started finds its run ended and exits
+        master = membership.master(version)
+        master.kill(submission)
+        wait_for(lambda: master.status(submission).state not in ("SUBMITTED", "RUNNING", "RELAUNCHING"), 120,
+                 f"the driver of standby run {run_id} ending after its kill")
 
 
 def _kill(settings: Settings, membership: Membership, run_id: int, version: str, submission: str, state: str,

@@ -23,6 +23,7 @@ from changeover.timeutil import as_utc
 
 DEFAULT_LEASE_SECONDS = 120.0
 Decision = Literal["wait", "exit", "resume"]
+StandbyTurn = Literal["wait", "start", "dismissed"]
 
 
 def lease_seconds() -> float:
@@ -123,3 +124,47 @@ def _taken_over_since(s: Any, job: str, run_id: int) -> bool:
 def _resume(s: object, job: str, run: JobRun, why: str, **details: object) -> None:
     run.state, run.lease_until, run.heartbeat_at = "RUNNING", None, utcnow()
     audit.record(s, "job.unpark", "job", job, run=run.id, reason=why, **details)  # type: ignore[arg-type]
+
+
+def mark_ready(url: str, run_id: int, plans: dict[str, Any] | None) -> bool:
+    """A warm standby has its session, executors and plans: the orchestrator may now ask its predecessor to stop.
+    False when it was dismissed meanwhile."""
+    with session_scope(url) as s:
+        run = s.get(JobRun, run_id)
+        assert run is not None
+        if run.ended_at is not None:
+            return False
+        now = utcnow()
+        run.ready_at, run.heartbeat_at, run.plans = now, now, plans
+        audit.record(s, "job.standby.ready", "job", run.job, run=run_id, standby_of=run.standby_of,
+                     seconds=round((now - as_utc(run.submitted_at)).total_seconds(), 1))
+        return True
+
+
+def standby_turn(url: str, job: str, run_id: int) -> StandbyTurn:
+    """What a waiting standby does now: start (it was handed the job, its checkpoint root is in its row), keep
+    waiting, or exit (dismissed, or the run it was to succeed is no longer the job's, e.g. stopped by a user)."""
+    with session_scope(url) as s:
+        row = s.get(Job, job)
+        run = s.get(JobRun, run_id)
+        assert row is not None and run is not None
+        if run.ended_at is not None:
+            return "dismissed"
+        if row.current_run_id == run_id and run.checkpoint_root:
+            return "start"
+        predecessor = s.get(JobRun, run.standby_of) if run.standby_of else None
+        if predecessor is None or row.current_run_id != predecessor.id or predecessor.ended_at is not None:
+            return "dismissed"
+        return "wait"
+
+
+def end_standby(url: str, job: str, run_id: int, why: str) -> None:
+    """A standby that leaves without having run a query: ended STOPPED, unless it was recorded as ended already."""
+    with session_scope(url) as s:
+        row = lock_row(s, Job, job)  # the lock the hand-over takes: a standby handed the job meanwhile stays
+        run = s.get(JobRun, run_id)
+        assert row is not None and run is not None
+        if run.ended_at is not None or row.current_run_id == run_id:
+            return
+        run.state, run.ended_at, run.error = "STOPPED", utcnow(), why
+        audit.record(s, "job.standby.end", "job", job, run=run_id, reason=why)

@@ -16,7 +16,7 @@ from changeover import audit, drain, jobs, relocate, upgrades
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
-from changeover.registry.models import Job, Member, Savepoint, UpgradeRun
+from changeover.registry.models import Job, JobRun, Member, Savepoint, UpgradeRun
 from changeover.settings import Settings
 
 STUCK = ("DRAINING", "DRAINED", "UPGRADING")
@@ -111,6 +111,10 @@ def _withdraw_moves(settings: Settings, cluster: LocalCluster, reason: str) -> l
     """Jobs still asked to move run again where they are: a parked run resumes, an ended one continues."""
     with session_scope(settings.database_url) as s:
         moving = list(s.scalars(select(Job.name).where(Job.desired == "MOVE")))
+        standing = list(s.scalars(select(JobRun.id).where(JobRun.standby_of.is_not(None),
+                                                          JobRun.ended_at.is_(None))))
+    for standby in standing:  # warm moves not yet asked to stop: the job still runs where it was
+        jobs.dismiss_standby(settings, cluster, standby, f"the upgrade was aborted: {reason}")
     for name in moving:
         relocate.withdraw(settings, cluster, name, reason)
     return moving

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
-from changeover import audit, jobs, savepoints
+from changeover import audit, jobs, savepoints, warm
 from changeover.cluster import Membership
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
@@ -30,7 +30,8 @@ def step(
     """Advance the move of one job. True once it runs (or is launched) on the target version, off avoid_member."""
     run = jobs.refresh(settings, membership, job_name)
     with session_scope(settings.database_url) as s:
-        desired = jobs.get_job(s, job_name).desired
+        job = jobs.get_job(s, job_name)
+        desired, options = job.desired, dict(job.options or {})
     if run is None:
         raise ChangeoverError(f"move of job {job_name}", "it was never launched", "submit it first")
     placed = run.spark_version == target_version and (avoid_member is None or run.member != avoid_member)
@@ -41,13 +42,24 @@ def step(
                               f"resume it yourself with `changeover submit {job_name} --from-savepoint NAME`")
     if run.state in jobs.LIVE:
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
+        if desired == "RUN" and warm.prepare(settings, membership, job_name, run, target_version) == "warming":
+            return False  # the job runs on while its successor starts
         savepoints.request_stop(settings, job_name, reason, move=True)
-        return False
+        # A ready standby waits: the downtime runs from here, so the move goes on now, not at the next poll.
+        if warm.standby_of(settings, membership, run.id) is None or not warm.wait_parked(
+                settings, job_name, run.id, float(options.get("stop_deadline_seconds", 60)) + 5):
+            return False
+        run = jobs.observe(settings, membership, run.id)
     if run.state == "STOPPED":
         # One savepoint per stop: a run that resumed when its lease ran out and stopped again gets a new one.
         name = f"{reason}-run{run.id}-stop{run.parks}"
         savepoints.take(settings, job_name, name, upgrade_key=upgrade_key, exist_ok=True)
         root = savepoints.restore(settings, job_name, name)
+        standby = warm.standby_of(settings, membership, run.id)
+        if (standby is not None and standby.ready_at is not None and standby.spark_version == target_version
+                and warm.hand_over(settings, job_name, standby.id, run.id, run.parks, root, name)):
+            return True
+        # cold, at once: the parked run's lease is running; a standby not handed the job leaves by itself
         jobs.launch(settings, membership, job_name, target_version, root, from_savepoint=name,
                     replaces_run=run.id, replaces_park=run.parks)
         return True
@@ -55,6 +67,8 @@ def step(
         # Its driver died before it parked (killed, or its worker lost): Spark's checkpoint is whole as of its
         # last commit, so the job goes on from there on the target, replaying the batch it had planned.
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
+        _dismiss_standby(settings, membership, run.id, "its run was killed before the hand-over; the job goes on "
+                         "from its checkpoint, cold")
         root = jobs.new_checkpoint_root(settings, job_name)
         jobs.continue_from(settings, membership, run, root)
         jobs.launch(settings, membership, job_name, target_version, root, continues_move=run.id)
@@ -68,6 +82,8 @@ def withdraw(settings: Settings, membership: Membership, job_name: str, reason: 
     worker lost) or stopped and ended continues from its checkpoint. A run that failed on its own code is left
     down: running it again would fail again. Safe to repeat: the launch itself clears the move."""
     run = jobs.refresh(settings, membership, job_name)
+    if run is not None:
+        _dismiss_standby(settings, membership, run.id, f"the move was withdrawn: {reason}")
     with session_scope(settings.database_url) as s:
         job = jobs.get_job(s, job_name)
         if job.desired != "MOVE":
@@ -82,6 +98,12 @@ def withdraw(settings: Settings, membership: Membership, job_name: str, reason: 
         audit.record(s, "job.stop_withdrawn", "job", job_name, reason=reason, **details)
 
 
+def _dismiss_standby(settings: Settings, membership: Membership, run_id: int, reason: str) -> None:
+    standby = warm.standby_of(settings, membership, run_id)
+    if standby is not None:
+        jobs.dismiss_standby(settings, membership, standby.id, reason)
+
+
 MAX_TRIES_PER_DRAIN = 3  # successors that ended before writing, of any cause, before a drain stops trying
 
 
@@ -91,9 +113,12 @@ def failed_tries(settings: Settings, job_name: str, since: datetime) -> list[Job
     MAX_TRIES_PER_DRAIN ended for any cause (killed, lost, never accepted). Empty otherwise."""
     with session_scope(settings.database_url) as s:
         current = jobs.get_job(s, job_name).current_run_id
+        # a standby dismissed before it was handed the job ran nothing: not a try; one that failed is
         tries = list(s.scalars(select(JobRun).where(
             JobRun.job == job_name, JobRun.submitted_at >= since, JobRun.ended_at.is_not(None),
-            JobRun.first_write_at.is_(None), JobRun.id != current).order_by(JobRun.id.desc())))
+            JobRun.first_write_at.is_(None), JobRun.id != current,
+            or_(JobRun.standby_of.is_(None), JobRun.checkpoint_root.is_not(None), JobRun.state == "FAILED"))
+            .order_by(JobRun.id.desc())))
     if any(run.state == "FAILED" for run in tries) or len(tries) >= MAX_TRIES_PER_DRAIN:
         return tries
     return []

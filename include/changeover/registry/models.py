@@ -85,8 +85,9 @@ class JobRun(Base):
     member: Mapped[str | None] = mapped_column(String(100))
     checkpoint_root: Mapped[str | None] = mapped_column(Text)
     from_savepoint: Mapped[str | None] = mapped_column(String(100))
-    # SUBMITTED | RUNNING | STOPPED (at a batch boundary) | FINISHED | FAILED | KILLED.
+    # SUBMITTED | RUNNING | STOPPED (at a batch boundary) | FINISHED | FAILED | KILLED, or STANDBY.
     # STOPPED with no ended_at is a parked run: its driver lives, holding its lease until a successor writes.
+    # STANDBY: a warm successor (see `changeover.warm`), started and waiting for `standby_of` to park.
     state: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     progress: Mapped[dict[str, Any]] = mapped_column(default=dict)  # stage -> last committed batch
@@ -103,6 +104,8 @@ class JobRun(Base):
     parks: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # times it stopped at a boundary
     # when it took the job over (its first sink write or its first cycle): from then on it cannot be fenced off
     first_write_at: Mapped[datetime | None]
+    standby_of: Mapped[int | None] = mapped_column(index=True)  # the run a warm standby is to succeed
+    ready_at: Mapped[datetime | None]  # when a standby had its session, executors and plans, ready for a checkpoint
 
     @property
     def parked(self) -> bool:

@@ -33,6 +33,9 @@ log = logging.getLogger("changeover.driver")
 LOOP_SECONDS = 0.2
 HEARTBEAT_SECONDS = 5.0
 ENTRIES = ("build", "run", "script")
+STANDBY_POLL_SECONDS = 0.05  # how often a ready standby looks for its checkpoint: the move's downtime waits on it
+STANDBY_WAIT_SECONDS = 1800.0  # a standby never handed its job leaves by itself
+WARM_UP_SECONDS = 120.0
 
 
 def unmatched_state(job: str, restored: set[str], stages: set[str]) -> str | None:
@@ -201,8 +204,38 @@ class Driver:
             audit.record(s, "job.stop_failed", "job", self.job, outcome="failed", run=self.run_id,
                          reason=f"a trigger was still active after {self.stop_deadline:.0f} s; the job keeps running")
 
+    def await_handoff(self, spark: Any, stages: list[Stage]) -> tuple[Path, dict[str, Any] | None] | None:
+        """A warm standby: with the job built, warm the executors and the streaming engine, say so, then wait for
+        the predecessor's checkpoint. Returns (the restored checkpoint root, the stage plans), or None when
+        dismissed: then it has run no query and written nothing."""
+        warm_up(spark)
+        plans = self.describe(spark, stages)
+        if not patiently(partial(lease.mark_ready, self.url, self.run_id, plans), self.registry):
+            return None
+        log.info("job %s run %s: ready, waiting for its checkpoint", self.job, self.run_id)
+        deadline = time.monotonic() + STANDBY_WAIT_SECONDS
+        beat = time.monotonic()
+        look = partial(lease.standby_turn, self.url, self.job, self.run_id)
+        while (turn := patiently(look, self.registry)) == "wait":
+            if time.monotonic() >= deadline:
+                patiently(partial(lease.end_standby, self.url, self.job, self.run_id, f"not handed its job within "
+                                  f"{STANDBY_WAIT_SECONDS:.0f} s of being ready"), self.registry)
+                continue  # ended, or handed the job just before: the next look says which
+            if time.monotonic() - beat >= HEARTBEAT_SECONDS:
+                patiently(self.heartbeat, self.registry)
+                beat = time.monotonic()
+            time.sleep(STANDBY_POLL_SECONDS)
+        if turn == "dismissed":
+            patiently(partial(lease.end_standby, self.url, self.job, self.run_id, "dismissed: the run it was to "
+                              "succeed is no longer the job's, or its move was withdrawn"), self.registry)
+            return None
+        with session_scope(self.url) as s:
+            run = s.get(JobRun, self.run_id)
+            assert run is not None and run.checkpoint_root
+            return Path(run.checkpoint_root), plans
+
     def run_streaming(self, stages: list[Stage], checkpoint_root: Path, allow_non_restored: bool = False,
-                      spark: Any = None) -> bool:
+                      spark: Any = None, plans: dict[str, Any] | None = None) -> bool:
         """Run until stopped or handed off. False when the restored state does not fit the job's stages."""
         names = [stage.name for stage in stages]
         if len(set(names)) != len(names):
@@ -217,7 +250,7 @@ class Driver:
             (checkpoint_root / orphan).rename(checkpoint_root / f".dropped-{orphan}")
         queries = StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id)
         seen = queries.committed()
-        described_plans = self.describe(spark, stages)
+        described_plans = plans if plans is not None else self.describe(spark, stages)
         patiently(partial(self.report, seen, committed=False, sinks={s.name: s.sink.describe() for s in stages},
                           plans=described_plans), self.registry)
         # A sink Changeover cannot fence: claim the job before the first write, so the run this one replaces
@@ -290,6 +323,29 @@ class Driver:
             return "wait"
 
 
+def warm_up(spark: Any) -> None:
+    """Before a standby says it is ready: wait for an executor, and run one stateful micro-batch of a throwaway
+    query (a file of its own, a memory sink, a scratch checkpoint, Trigger.AvailableNow), so the first batch after
+    the handoff finds the executor's JVM, its Python workers and Spark's streaming classes loaded. A failed warm-up
+    costs time later, never the job."""
+    import tempfile
+
+    try:
+        spark.sparkContext.parallelize([0], 1).map(lambda x: x).count()
+        with tempfile.TemporaryDirectory(prefix="changeover-warm-up-") as scratch:
+            source = Path(scratch) / "in"
+            source.mkdir()
+            (source / "0.json").write_text('{"key": "a"}\n{"key": "b"}\n')
+            counts = spark.readStream.schema("key string").json(str(source)).groupBy("key").count()
+            query = (counts.writeStream.format("memory").queryName(f"changeover_warm_up_{os.getpid()}")
+                     .outputMode("complete").option("checkpointLocation", str(Path(scratch) / "checkpoint"))
+                     .trigger(availableNow=True).start())
+            if not query.awaitTermination(WARM_UP_SECONDS):
+                query.stop()
+    except Exception as exc:  # noqa: BLE001 - py4j surfaces JVM errors of any kind
+        log.warning("the warm-up did not finish (%s); the first batch will be slower", exc)
+
+
 def run_script(module: str) -> None:
     """An unchanged script: run as `python script.py` would, its `__main__` block included."""
     spec = importlib.util.find_spec(module)
@@ -307,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expected-version", required=True)
     parser.add_argument("--checkpoint-root")
     parser.add_argument("--allow-non-restored-state", action="store_true")
+    parser.add_argument("--standby", action="store_true", help="a warm successor: wait for the checkpoint")
     parser.add_argument("--lease-seconds", type=float)
     parser.add_argument("--stop-deadline", type=float, default=60.0)
     args = parser.parse_args(argv)
@@ -333,7 +390,14 @@ def main(argv: list[str] | None = None) -> int:
         context = JobContext(args.job, args.run_id, options)
         if args.entry == "build":
             stages = importlib.import_module(args.module).build(spark, context)
-            if not driver.run_streaming(stages, Path(args.checkpoint_root), args.allow_non_restored_state, spark):
+            if args.standby:
+                handed = driver.await_handoff(spark, stages)
+                if handed is None:
+                    return 0
+                root, plans = handed
+            else:
+                root, plans = Path(args.checkpoint_root), None
+            if not driver.run_streaming(stages, root, args.allow_non_restored_state, spark, plans):
                 return 4
             return 0
         driver.report({}, committed=False)

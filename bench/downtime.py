@@ -1,0 +1,175 @@
+"""What a move costs a job: downtime from the old run's last commit to the new run's first commit.
+
+One run measures, on the same stateful query (bench/jobs: 10 s windowed counts into parquet) and the same input
+(a generator writing one file of 40 events every 0.5 s, the same seed each time), on one local cluster
+(m1, m2 at Spark 4.2.0, m3 at 4.3.0):
+
+  (a) the bare query, an unchanged PySpark script, stopped and started again in a new process on 4.3.0 from its
+      own checkpoint: the floor of a cold restart;
+  (b) Changeover's cold move to 4.3.0 (the job's option warm_moves off: stop, savepoint, launch, first batch);
+  (c) Changeover's warm move to 4.3.0 (a standby started and ready on 4.3.0 before the stop);
+  (d) with --airflow: a whole rolling_upgrade of three members through Airflow (scheduler, executor, triggerer,
+      triggered as the UI does), the job's number of moves and the sum of its downtimes, beside each member's time
+      back in service and a worker's cold start.
+
+Commit times are the commit files' times in the checkpoints, for all forms alike. (b) and (c) end exact: every
+window the generator closed is in the output, once, with its true count.
+
+    .venv/bin/python bench/downtime.py [--airflow]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from changeover import jobs, relocate
+from changeover.cluster import LocalCluster, wait_for
+from changeover.errors import ChangeoverError
+from changeover.generator import EPOCH, Generator
+from changeover.registry.db import session_scope
+from changeover.registry.models import JobRun
+from changeover.runtime.sinks.files import LOG, log_entries
+from changeover.settings import Settings
+from changeover.spark_settings import SparkSettings
+from scratch import scratch_settings
+from sqlalchemy import select
+
+JOBS = Path(__file__).resolve().parent / "jobs"
+SPARK = asdict(SparkSettings(py_files=(str(JOBS / "window_query.py"),)))
+WINDOW = timedelta(seconds=10)
+WARM_UP_SECONDS = 20.0  # the job runs steadily this long before it is moved (a measurement window)
+
+
+def commit_times(checkpoint: Path) -> dict[int, float]:
+    folder = checkpoint / "commits"
+    return {int(p.name): p.stat().st_mtime for p in folder.iterdir() if p.name.isdigit()} if folder.is_dir() else {}
+
+
+def gap(before: Path, after: Path, last: int) -> float:
+    """From batch `last`'s commit in `before` to the first later batch's commit in `after`."""
+    later = {b: t for b, t in commit_times(after).items() if b > last}
+    return later[min(later)] - commit_times(before)[last]
+
+
+def output_counts(output: Path) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for path in log_entries(output / LOG):
+        for row in pq.read_table(path).to_pylist():
+            key = f"{row['key']}@{row['window']['start']:%Y-%m-%d %H:%M:%S}"
+            assert key not in counts, f"window {key} written twice"
+            counts[key] = row["count"]
+    return counts
+
+
+def exact(generator: Generator, output: Path) -> bool:
+    """Every window the watermark has closed is in the output once, with its true count, and nothing else is."""
+    generator.stop()
+    for _ in range(30):  # event time moves 30 s on: the watermark (10 s) passes every window written before
+        generator.write_file()
+    horizon = EPOCH + timedelta(seconds=generator.files - 25)
+    closed = {k: v for k, v in generator.window_truth.items()
+              if datetime.strptime(k.split("@")[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC) + WINDOW <= horizon}
+    try:
+        wait_for(lambda: {k: v for k, v in output_counts(output).items() if k in closed} == closed, 180,
+                 "every closed window in the output")
+    except ChangeoverError:
+        return False
+    return all(generator.window_truth.get(k) == v for k, v in output_counts(output).items())
+
+
+def bare(settings: Settings, cluster: LocalCluster) -> dict[str, float]:
+    """(a): the script stopped on 4.2.0 and started again on 4.3.0, from its own checkpoint."""
+    work = settings.home / "bare"
+    generator = Generator(work / "landing", seed=11)
+    checkpoint = work / "checkpoint"
+    config = {"landing": str(generator.landing), "output": str(work / "output"), "checkpoint": str(checkpoint),
+              "stop_file": str(work / "stop"), "stopped_file": str(work / "stopped")}
+    (settings.home / "bench-bare.json").write_text(json.dumps(config))
+    generator.write_file()
+    generator.start(interval=0.5)
+    try:
+        jobs.submit(settings, cluster, str(JOBS / "window_counts_bare.py"), "bare", fault_tolerant=False,
+                    options={"spark": SPARK})
+        wait_for(lambda: len(commit_times(checkpoint)) >= 2, 300, "the bare query committing")
+        time.sleep(WARM_UP_SECONDS)  # a measurement window, not a synchronisation
+        (work / "stop").touch()
+        wait_for(lambda: (work / "stopped").exists(), 120, "the bare query stopping", interval=0.02)
+        last = max(commit_times(checkpoint))
+        (work / "stop").unlink()
+        (work / "stopped").unlink()
+        jobs.launch(settings, cluster, "bare", "4.3.0", None)
+        wait_for(lambda: max(commit_times(checkpoint)) > last, 300, "the bare query's first commit on 4.3.0",
+                 interval=0.05)
+        return {"downtime": gap(checkpoint, checkpoint, last)}
+    finally:
+        generator.stop()
+        (work / "stop").touch()
+        wait_for(lambda: jobs.refresh(settings, cluster, "bare").state not in jobs.LIVE, 120, "the bare script ending")
+
+
+def changeover_move(settings: Settings, cluster: LocalCluster, name: str, warm: bool) -> dict[str, Any]:
+    """(b) or (c): the job under Changeover, moved from 4.2.0 to 4.3.0 one step at a time, as a drain moves it."""
+    work = settings.home / name
+    generator = Generator(work / "landing", seed=11)
+    output = work / "output"
+    generator.write_file()
+    generator.start(interval=0.5)
+    try:
+        run = jobs.submit(settings, cluster, str(JOBS / "window_counts.py"), name,
+                          options={"landing": str(generator.landing), "output": str(output), "spark": SPARK,
+                                   "warm_moves": warm})
+        before = Path(run.checkpoint_root or "") / "counts"
+        jobs.wait_until_committed(settings, cluster, name)
+        time.sleep(WARM_UP_SECONDS)  # a measurement window, not a synchronisation
+        started = time.monotonic()
+        wait_for(lambda: relocate.step(settings, cluster, name, "4.3.0", reason="bench"), 600,
+                 f"{name} moving to 4.3.0")
+        moved = time.monotonic() - started
+        after_run = jobs.refresh(settings, cluster, name)
+        assert after_run is not None and after_run.spark_version == "4.3.0"
+        after = Path(after_run.checkpoint_root or "") / "counts"
+        with session_scope(settings.database_url) as s:
+            saved = s.scalar(select(JobRun).where(JobRun.id == after_run.id))
+            last = max(b for b in commit_times(before))
+            warmed = saved is not None and saved.standby_of is not None
+        wait_for(lambda: any(b > last for b in commit_times(after)), 300, f"{name}'s first commit on 4.3.0",
+                 interval=0.05)
+        return {"downtime": gap(before, after, last), "warm": warmed, "orchestration": moved,
+                "exact": exact(generator, output)}
+    finally:
+        generator.stop()
+        jobs.cancel(settings, cluster, name, reason="benchmark done")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args()
+    settings, _work = scratch_settings("downtime")
+    cluster = LocalCluster(settings)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        cluster.up([("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.3.0")])
+        results["a"] = bare(settings, cluster)
+        results["b"] = changeover_move(settings, cluster, "cold", warm=False)
+        results["c"] = changeover_move(settings, cluster, "warm", warm=True)
+    finally:
+        cluster.down()
+    floor = results["a"]["downtime"]
+    print(f"{'':44}{'downtime (s)':>14}{'x (a)':>8}  notes")
+    print(f"{'(a) bare restart in a new process':44}{floor:>14.2f}{1:>8.2f}")
+    for key, label in (("b", "(b) Changeover, cold move"), ("c", "(c) Changeover, warm move")):
+        r = results[key]
+        print(f"{label:44}{r['downtime']:>14.2f}{r['downtime'] / floor:>8.2f}  "
+              f"{'warm' if r['warm'] else 'cold'}, exact: {r['exact']}, move took {r['orchestration']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""A job's moves, as its runs record them: each run that took the job over after another, and the job's downtime.
+
+Downtime is measured as the issue of record defines it: from the last commit of the run that gave the job up to
+the first commit of the run that took it. Runs that never took the job (a dismissed standby, a successor fenced
+off or failed before writing) are not moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import or_, select
+
+from changeover.registry.db import session_scope
+from changeover.registry.models import JobRun
+from changeover.settings import Settings
+from changeover.timeutil import as_utc
+
+
+@dataclass(frozen=True)
+class Move:
+    job: str
+    from_run: int
+    to_run: int
+    from_version: str
+    to_version: str
+    downtime: float  # seconds from the old run's last commit to the new run's first commit
+    warm: bool  # the new run was a standby, started before the old one stopped
+
+    def describe(self) -> str:
+        return (f"{self.job} moved {self.from_version} -> {self.to_version} ({'warm' if self.warm else 'cold'}): "
+                f"downtime {self.downtime:.1f} s (last commit of run {self.from_run} to first commit of run "
+                f"{self.to_run})")
+
+
+def of(settings: Settings, job: str, since: datetime | None = None) -> list[Move]:
+    """The job's moves among its runs launched since `since` (and the run they left), oldest first."""
+    with session_scope(settings.database_url) as s:
+        took = list(s.scalars(select(JobRun).where(
+            JobRun.job == job, or_(JobRun.first_write_at.is_not(None), JobRun.first_commit_at.is_not(None)))
+            .order_by(JobRun.id)))
+    found = []
+    for before, after in zip(took, took[1:], strict=False):
+        if since is not None and as_utc(after.submitted_at) < as_utc(since):
+            continue
+        if before.last_commit_at is None or after.first_commit_at is None:
+            continue
+        gap = (as_utc(after.first_commit_at) - as_utc(before.last_commit_at)).total_seconds()
+        found.append(Move(job, before.id, after.id, before.spark_version, after.spark_version, gap,
+                          after.standby_of is not None))
+    return found

@@ -1,0 +1,142 @@
+"""Warm moves: a job's successor is started, and waits ready, before the job is asked to stop.
+
+A cold move stops the job, then launches its successor from the savepoint, so the job is down for a driver's
+start, its executors and its first batch. A warm move first launches the successor as a standby on the target
+group: its own run, not yet the job's current one. It starts its session, gets an executor, builds its plans and
+says it is ready. Only then is the job asked to stop at a batch boundary; the savepoint is taken and restored as in
+a cold move, and the restored checkpoint is handed to the standby, which starts its queries at once.
+
+Nothing is lost either way. A standby not ready in time is dismissed before the job is ever stopped, and the move
+goes cold. A standby that fails after the handoff, before writing, hands the job back to the parked run, at the
+batch of the savepoint (`changeover.lease`).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal
+
+from sqlalchemy import select
+
+from changeover import audit, jobs, lease, placement, routing
+from changeover.cluster import Membership
+from changeover.errors import ChangeoverError
+from changeover.registry.db import lock_row, session_scope
+from changeover.registry.models import Job, JobRun, utcnow
+from changeover.settings import Settings
+from changeover.timeutil import as_utc
+
+READY_SECONDS = 240.0  # from a standby's launch to its readiness, on a loaded cluster, before the move goes cold
+PARK_POLL_SECONDS = 0.05
+Readiness = Literal["ready", "warming", "cold"]
+
+
+def standby_of(settings: Settings, membership: Membership, run_id: int) -> JobRun | None:
+    """The run's live standby, as its master sees it now; None when it has none."""
+    with session_scope(settings.database_url) as s:
+        ids = list(s.scalars(select(JobRun.id).where(JobRun.standby_of == run_id, JobRun.ended_at.is_(None))))
+    return next((run for run in (jobs.observe(settings, membership, i) for i in ids) if run.ended_at is None), None)
+
+
+def warming(standby: JobRun) -> bool:
+    """Still starting, and within its time to get ready."""
+    return standby.ready_at is None and (utcnow() - as_utc(standby.submitted_at)).total_seconds() < READY_SECONDS
+
+
+def cold_reason(settings: Settings, membership: Membership, job_name: str, run: JobRun, target: str) -> str | None:
+    """Why this move cannot be warm, or None when it can."""
+    with session_scope(settings.database_url) as s:
+        job = jobs.get_job(s, job_name)
+        entry, warm_moves = job.entry, (job.options or {}).get("warm_moves", True)
+    if entry != "build":
+        return f"its entry point ({entry}) runs its own queries, so nothing of it can start before its checkpoint"
+    if warm_moves is False:
+        return "its option warm_moves is off"
+    if target == run.spark_version:
+        return (f"it moves within the {target} group, whose master could place a standby on the member it leaves "
+                "(Spark standalone places drivers itself)")
+    with session_scope(settings.database_url) as s:
+        tried = s.scalar(select(JobRun).where(JobRun.standby_of == run.id, JobRun.ended_at.is_not(None))
+                         .order_by(JobRun.id.desc()).limit(1))
+        if tried is not None:
+            return f"its standby run {tried.id} ended {tried.state} ({tried.error or 'no reason recorded'})"
+    members = routing.version_groups(settings).get(target, [])
+    free = placement.free_cores_of(settings, membership)(target, members)
+    if free < placement.CORES_PER_JOB:
+        return (f"the {target} group has {free} free core(s), and a standby needs {placement.CORES_PER_JOB} "
+                "(a driver and an executor) beside the jobs it runs")
+    return None
+
+
+def prepare(settings: Settings, membership: Membership, job_name: str, run: JobRun, target: str) -> Readiness:
+    """Before a running job is asked to stop for a move: launch its standby on `target`, or see whether it is
+    ready. "cold" when the move cannot be warm (the reason is on record) or its standby was not ready in time."""
+    standby = standby_of(settings, membership, run.id)
+    if standby is not None and standby.spark_version != target:  # the target changed: before the stop, not after
+        jobs.dismiss_standby(settings, membership, standby.id, f"the move's target is now {target}")
+        standby = None
+    if standby is not None:
+        if standby.ready_at is not None:
+            return "ready"
+        if warming(standby):
+            return "warming"
+        jobs.dismiss_standby(settings, membership, standby.id, f"not ready within {READY_SECONDS:.0f} s of its "
+                             "launch; the job was never stopped, and it moves cold")
+        return "cold"
+    why = cold_reason(settings, membership, job_name, run, target)
+    if why is not None:
+        with session_scope(settings.database_url) as s:
+            audit.record(s, "job.move.cold", "job", job_name, run=run.id, version=target, reason=why)
+        return "cold"
+    try:
+        jobs.launch(settings, membership, job_name, target, None, standby_of=run.id)
+    except ChangeoverError as exc:  # the target's master, or a standby another try launched: the job moves cold
+        with session_scope(settings.database_url) as s:
+            audit.record(s, "job.move.cold", "job", job_name, run=run.id, version=target, reason=str(exc))
+        return "cold"
+    return "warming"
+
+
+def wait_parked(settings: Settings, job_name: str, run_id: int, seconds: float) -> bool:
+    """Wait, up to `seconds`, for a run asked to move to park at its batch boundary. False when it did not, or its
+    stop was withdrawn (a batch ran past the stop deadline): the caller looks again at its next step."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with session_scope(settings.database_url) as s:
+            job, run = s.get(Job, job_name), s.get(JobRun, run_id)
+            if job is None or run is None or job.desired != "MOVE" or job.current_run_id != run_id:
+                return False
+            if run.ended_at is not None:
+                return False
+            if run.state == "STOPPED":
+                return True
+        time.sleep(PARK_POLL_SECONDS)
+    return False
+
+
+def hand_over(settings: Settings, job_name: str, standby_id: int, predecessor: int, parks: int, root: Path,
+              savepoint: str) -> bool:
+    """Give a ready standby the restored checkpoint: it becomes the job's current run and starts its queries. The
+    parked run's lease counts from now, as after a cold launch. False when the standby has ended (launch cold
+    instead); refused, like a cold launch, when the parked run resumed or stopped again meanwhile."""
+    with session_scope(settings.database_url) as s:
+        job = lock_row(s, Job, job_name)
+        before, standby = jobs.current_run(s, job), s.get(JobRun, standby_id)
+        assert standby is not None
+        if standby.ended_at is not None:
+            return False
+        if job.current_run_id != predecessor or before is None or not before.parked or before.parks != parks:
+            raise ChangeoverError(f"hand-over of job {job_name} from run {predecessor} to its standby {standby_id}",
+                                  "the run is no longer parked where its savepoint was taken: it resumed meanwhile, "
+                                  "or stopped again", "retry the task: it looks at the job again")
+        now = utcnow()
+        standby.checkpoint_root, standby.from_savepoint, standby.state = str(root), savepoint, "RUNNING"
+        job.current_run_id, job.desired = standby_id, "RUN"
+        length = float((job.options or {}).get("lease_seconds") or lease.lease_seconds())
+        before.lease_until = now + timedelta(seconds=length)
+        audit.record(s, "job.hand_over", "job", job_name, run=standby_id, replaces=predecessor,
+                     version=standby.spark_version, from_savepoint=savepoint,
+                     ready_seconds=round((now - as_utc(standby.ready_at or now)).total_seconds(), 1))
+    return True
