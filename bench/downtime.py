@@ -39,6 +39,7 @@ from changeover.registry.models import JobRun
 from changeover.runtime.sinks.files import LOG, log_entries
 from changeover.settings import Settings
 from changeover.spark_settings import SparkSettings
+from runtime_overhead import commits
 from scratch import scratch_settings
 from sqlalchemy import select
 
@@ -49,8 +50,7 @@ WARM_UP_SECONDS = 20.0  # the job runs steadily this long before it is moved (a 
 
 
 def commit_times(checkpoint: Path) -> dict[int, float]:
-    folder = checkpoint / "commits"
-    return {int(p.name): p.stat().st_mtime for p in folder.iterdir() if p.name.isdigit()} if folder.is_dir() else {}
+    return dict(commits(checkpoint))
 
 
 def gap(before: Path, after: Path, last: int) -> float:

@@ -142,8 +142,9 @@ def step(
     if current.status == "ACTIVE" and not _begin(settings, current):
         return current  # another member's drain began first
     _refuse_failed_moves(settings, current, upgrade_key)
-    target = placement.upgrade_destination(settings, _not_serving(settings), upgrade_key, membership)
-    _move(settings, membership, member, current.save, target, upgrade_key)
+    if current.save:
+        target = placement.upgrade_destination(settings, _not_serving(settings), upgrade_key, membership)
+        _move(settings, membership, member, current.save, target, upgrade_key)
     for name in current.cancel:
         jobs.cancel(settings, membership, name, reason=f"drain of {member}: shutdown_timeout ran out")
         _record(settings, "drain.cancelled", member, name)

@@ -221,8 +221,7 @@ def launch(
                                       "that run is no longer stopped where its savepoint was taken: it resumed "
                                       "meanwhile, or stopped again", "retry the task: it looks at the job again")
             if before.parked:
-                before.lease_until = utcnow() + timedelta(seconds=float(job.options.get("lease_seconds")
-                                                                        or lease.lease_seconds()))
+                before.lease_until = utcnow() + timedelta(seconds=lease.length_of(job))
         if standby_of is not None:
             job = lock_row(s, Job, job_name)
             standing = s.scalar(select(JobRun.id).where(JobRun.standby_of == standby_of, JobRun.ended_at.is_(None)))
@@ -246,7 +245,7 @@ def launch(
         module, entry, code, run_id = job.module, job.entry, job.code, run.id
         spark_settings = SparkSettings.from_options(job.options.get("spark") or {})
         stop_deadline = float(job.options.get("stop_deadline_seconds", 60))
-        lease_seconds = float(job.options.get("lease_seconds") or lease.lease_seconds())
+        lease_seconds = lease.length_of(job)
     if code is None or not Path(code).exists():
         raise ChangeoverError(f"launch of job {job_name}", f"its code artifact {code} is missing",
                               "submit the job again under a new name, or restore the artifact store")
@@ -467,17 +466,11 @@ def dismiss_standby(settings: Settings, membership: Membership, run_id: int, rea
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
-        job = lock_row(s, Job, run.job)  # the lock `warm.hand_over` takes: a standby is dismissed or handed the job
-        if run.ended_at is not None or job.current_run_id == run_id:
-            return
-        run.state, run.ended_at, run.error = "STOPPED", utcnow(), reason  # ended first: no hand-over after this
-        audit.record(s, "job.standby.dismiss", "job", run.job, run=run_id, state="STOPPED", reason=reason)
-        version, submission = run.spark_version, run.submission_id
+        job, version, submission = run.job, run.spark_version, run.submission_id
+    if not lease.end_standby(settings.database_url, job, run_id, reason, "job.standby.dismiss"):
+        return  # ended already, or handed the job meanwhile: then it stays
     if submission is not None:  # one not yet started finds its run ended and exits
-        master = membership.master(version)
-        master.kill(submission)
-        wait_for(lambda: master.status(submission).state not in ("SUBMITTED", "RUNNING", "RELAUNCHING"), 120,
-                 f"the driver of standby run {run_id} ending after its kill")
+        _kill_driver(membership.master(version), submission, f"the driver of standby run {run_id}")
 
 
 def _kill(settings: Settings, membership: Membership, run_id: int, version: str, submission: str, state: str,
@@ -486,11 +479,8 @@ def _kill(settings: Settings, membership: Membership, run_id: int, version: str,
     meanwhile (a query started as its SparkContext stopped reports FAILED): the end is ours, and its checkpoint
     ends on its last commit, or on the boundary it parked at. Returns once the master says the driver has ended,
     so a resubmit may then take over its checkpoint."""
-    master = membership.master(version)
     asked = utcnow()
-    master.kill(submission)
-    wait_for(lambda: master.status(submission).state not in ("SUBMITTED", "RUNNING", "RELAUNCHING"), 120,
-             f"the driver of run {run_id} ending after its kill")
+    _kill_driver(membership.master(version), submission, f"the driver of run {run_id}")
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
@@ -500,6 +490,13 @@ def _kill(settings: Settings, membership: Membership, run_id: int, version: str,
             run.state, run.error = state, reason + written
             run.ended_at, run.lease_until = run.ended_at or utcnow(), None
         audit.record(s, action, "job", run.job, run=run_id, state=run.state, reason=reason)
+
+
+def _kill_driver(master: Any, submission: str, what: str) -> None:
+    """Kill a driver through its master; returns once the master says it has ended."""
+    master.kill(submission)
+    wait_for(lambda: master.status(submission).state not in ("SUBMITTED", "RUNNING", "RELAUNCHING"), 120,
+             f"{what} ending after its kill")
 
 
 def continue_ended_on(settings: Settings, membership: Membership, member: str, since: datetime | None) -> list[str]:

@@ -30,6 +30,11 @@ def lease_seconds() -> float:
     return float(os.environ.get("CHANGEOVER_LEASE_SECONDS") or DEFAULT_LEASE_SECONDS)
 
 
+def length_of(job: Job) -> float:
+    """A job's lease length: its option lease_seconds, else the default."""
+    return float((job.options or {}).get("lease_seconds") or lease_seconds())
+
+
 def park(url: str, job: str, run_id: int, progress: dict[str, int | None], seconds: float) -> None:
     with session_scope(url) as s:
         run = s.get(JobRun, run_id)
@@ -78,7 +83,7 @@ def decide(url: str, job: str, run_id: int) -> Decision:
                 run.ended_at, run.lease_until = now, None
                 audit.record(s, "job.handoff", "job", job, run=run_id, successor=successor.id)
                 return "exit"
-            length = float((row.options or {}).get("lease_seconds") or lease_seconds())
+            length = length_of(row)
             if successor is not None and successor.ended_at is not None:
                 # e.g. the new version failed the job on its first batch: no reason to wait out the lease
                 why = f"its successor run {successor.id} ended {successor.state} before writing anything"
@@ -158,13 +163,16 @@ def standby_turn(url: str, job: str, run_id: int) -> StandbyTurn:
         return "wait"
 
 
-def end_standby(url: str, job: str, run_id: int, why: str) -> None:
-    """A standby that leaves without having run a query: ended STOPPED, unless it was recorded as ended already."""
+def end_standby(url: str, job: str, run_id: int, why: str, action: str = "job.standby.end") -> bool:
+    """A standby that leaves, or is dismissed, without having run a query: ended STOPPED. False when it had ended
+    already or was handed the job meanwhile: it is ended first, under the lock the hand-over takes, so no hand-over
+    follows an end."""
     with session_scope(url) as s:
-        row = lock_row(s, Job, job)  # the lock the hand-over takes: a standby handed the job meanwhile stays
+        row = lock_row(s, Job, job)
         run = s.get(JobRun, run_id)
         assert row is not None and run is not None
         if run.ended_at is not None or row.current_run_id == run_id:
-            return
+            return False
         run.state, run.ended_at, run.error = "STOPPED", utcnow(), why
-        audit.record(s, "job.standby.end", "job", job, run=run_id, reason=why)
+        audit.record(s, action, "job", job, run=run_id, state="STOPPED", reason=why)
+        return True

@@ -42,12 +42,14 @@ def step(
                               f"resume it yourself with `changeover submit {job_name} --from-savepoint NAME`")
     if run.state in jobs.LIVE:
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
-        if desired == "RUN" and warm.prepare(settings, membership, job_name, run, target_version) == "warming":
+        readiness = (warm.prepare(settings, membership, job_name, run, target_version) if desired == "RUN"
+                     else "ready" if warm.standby_of(settings, membership, run.id) else "cold")
+        if readiness == "warming":
             return False  # the job runs on while its successor starts
         savepoints.request_stop(settings, job_name, reason, move=True)
         # A ready standby waits: the downtime runs from here, so the move goes on now, not at the next poll.
-        if warm.standby_of(settings, membership, run.id) is None or not warm.wait_parked(
-                settings, job_name, run.id, float(options.get("stop_deadline_seconds", 60)) + 5):
+        if readiness == "cold" or not warm.wait_parked(settings, job_name, run.id,
+                                                      float(options.get("stop_deadline_seconds", 60)) + 5):
             return False
         run = jobs.observe(settings, membership, run.id)
     if run.state == "STOPPED":

@@ -134,8 +134,7 @@ def hand_over(settings: Settings, job_name: str, standby_id: int, predecessor: i
         now = utcnow()
         standby.checkpoint_root, standby.from_savepoint, standby.state = str(root), savepoint, "RUNNING"
         job.current_run_id, job.desired = standby_id, "RUN"
-        length = float((job.options or {}).get("lease_seconds") or lease.lease_seconds())
-        before.lease_until = now + timedelta(seconds=length)
+        before.lease_until = now + timedelta(seconds=lease.length_of(job))
         audit.record(s, "job.hand_over", "job", job_name, run=standby_id, replaces=predecessor,
                      version=standby.spark_version, from_savepoint=savepoint,
                      ready_seconds=round((now - as_utc(standby.ready_at or now)).total_seconds(), 1))
