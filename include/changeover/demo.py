@@ -124,9 +124,9 @@ def _summary(settings: Settings, cluster: LocalCluster, generator: Generator, wa
     made = moves.of(settings, "clicks")
     for move in made:
         console.print(move.describe())
-    total = sum(m.downtime for m in made)
-    console.print(f"clicks: {len(made)} move{'s' if len(made) != 1 else ''}, downtime total {total:.1f} s, longest "
-                  f"{max((m.downtime for m in made), default=0):.1f} s")
+    downtimes = [m.downtime for m in made if m.downtime is not None]
+    console.print(f"clicks: {len(made)} move{'s' if len(made) != 1 else ''}, downtime total {sum(downtimes):.1f} s, "
+                  f"longest {max(downtimes, default=0):.1f} s")
     console.print(f"total wall time: {wall:.0f} s")
     totals, windows = clicks.results(settings.database_url, "clicks")
     wrong_windows = {k: v for k, v in windows.items() if generator.window_truth.get(k) != v}

@@ -1,8 +1,8 @@
 """A job's moves, as its runs record them: each run that took the job over after another, and the job's downtime.
 
 Downtime is measured as the issue of record defines it: from the last commit of the run that gave the job up to
-the first commit of the run that took it. Runs that never took the job (a dismissed standby, a successor fenced
-off or failed before writing) are not moves.
+the first commit of the run that took it (unknown until that run commits). Runs that never took the job (a
+dismissed standby, a successor fenced off or failed before writing) are not moves.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ class Move:
     to_run: int
     from_version: str
     to_version: str
-    downtime: float  # seconds from the old run's last commit to the new run's first commit
+    downtime: float | None  # seconds from the old run's last commit to the new run's first; None before that
     warm: bool  # the new run was a standby, started before the old one stopped
 
     def describe(self) -> str:
-        return (f"{self.job} moved {self.from_version} -> {self.to_version} ({'warm' if self.warm else 'cold'}): "
-                f"downtime {self.downtime:.1f} s (last commit of run {self.from_run} to first commit of run "
-                f"{self.to_run})")
+        how = (f"downtime {self.downtime:.1f} s (last commit of run {self.from_run} to first commit of run "
+               f"{self.to_run})" if self.downtime is not None else f"run {self.to_run} has not committed yet")
+        return f"{self.job} moved {self.from_version} -> {self.to_version} ({'warm' if self.warm else 'cold'}): {how}"
 
 
 def of(settings: Settings, job: str, since: datetime | None = None) -> list[Move]:
@@ -44,9 +44,8 @@ def of(settings: Settings, job: str, since: datetime | None = None) -> list[Move
     for before, after in zip(took, took[1:], strict=False):
         if since is not None and as_utc(after.submitted_at) < as_utc(since):
             continue
-        if before.last_commit_at is None or after.first_commit_at is None:
-            continue
-        gap = (as_utc(after.first_commit_at) - as_utc(before.last_commit_at)).total_seconds()
+        gap = ((as_utc(after.first_commit_at) - as_utc(before.last_commit_at)).total_seconds()
+               if before.last_commit_at and after.first_commit_at else None)
         found.append(Move(job, before.id, after.id, before.spark_version, after.spark_version, gap,
                           after.standby_of is not None))
     return found

@@ -57,7 +57,7 @@ def _assert_exact(stack: Stack, name: str, generator: Generator) -> None:
 
 def _downtimes(stack: Stack, name: str) -> list[float]:
     """Seconds between a run's last commit and its successor's first commit, for each move."""
-    return [move.downtime for move in moves.of(stack.settings, name)]
+    return [move.downtime for move in moves.of(stack.settings, name) if move.downtime is not None]
 
 
 def _assert_rolled(stack: Stack, name: str) -> None:
