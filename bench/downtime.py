@@ -8,14 +8,14 @@ One run measures, on the same stateful query (bench/jobs: 10 s windowed counts i
       own checkpoint: the floor of a cold restart;
   (b) Changeover's cold move to 4.3.0 (the job's option warm_moves off: stop, savepoint, launch, first batch);
   (c) Changeover's warm move to 4.3.0 (a standby started and ready on 4.3.0 before the stop);
-  (d) with --airflow: a whole rolling_upgrade of three members through Airflow (scheduler, executor, triggerer,
-      triggered as the UI does), the job's number of moves and the sum of its downtimes, beside each member's time
-      back in service and a worker's cold start.
+  (d) a whole rolling_upgrade of three members (all at 4.2.0) to 4.3.0 through Airflow (`airflow standalone`:
+      scheduler, executor, triggerer, triggered as the UI does), the job's number of moves and the sum of its
+      downtimes, beside each member's time back in service and a worker's cold start in the same run.
 
-Commit times are the commit files' times in the checkpoints, for all forms alike. (b) and (c) end exact: every
-window the generator closed is in the output, once, with its true count.
+Commit times are the commit files' times in the checkpoints, for all forms alike. (b), (c) and (d) end exact:
+every window the generator closed is in the output, once, with its true count.
 
-    .venv/bin/python bench/downtime.py [--airflow]
+    PYTHONPATH=bench .venv/bin/python bench/downtime.py [--only a,b,c,d]
 """
 
 from __future__ import annotations
@@ -30,15 +30,16 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from changeover import jobs, relocate
+from changeover import jobs, local_airflow, moves, relocate
 from changeover.cluster import LocalCluster, wait_for
 from changeover.errors import ChangeoverError
 from changeover.generator import EPOCH, Generator
 from changeover.registry.db import session_scope
-from changeover.registry.models import JobRun
+from changeover.registry.models import Event, JobRun
 from changeover.runtime.sinks.files import LOG, log_entries
 from changeover.settings import Settings
 from changeover.spark_settings import SparkSettings
+from changeover.timeutil import as_utc
 from runtime_overhead import commits
 from scratch import scratch_settings
 from sqlalchemy import select
@@ -115,19 +116,43 @@ def bare(settings: Settings, cluster: LocalCluster) -> dict[str, float]:
         wait_for(lambda: jobs.refresh(settings, cluster, "bare").state not in jobs.LIVE, 120, "the bare script ending")
 
 
-def changeover_move(settings: Settings, cluster: LocalCluster, name: str, warm: bool) -> dict[str, Any]:
-    """(b) or (c): the job under Changeover, moved from 4.2.0 to 4.3.0 one step at a time, as a drain moves it."""
+def start_job(settings: Settings, cluster: LocalCluster, name: str, warm: bool = True) -> tuple[Generator, JobRun]:
+    """The measured job under Changeover, with its generator writing (the same seed for every form)."""
     work = settings.home / name
     generator = Generator(work / "landing", seed=11)
-    output = work / "output"
     generator.write_file()
     generator.start(interval=0.5)
     try:
         run = jobs.submit(settings, cluster, str(JOBS / "window_counts.py"), name,
-                          options={"landing": str(generator.landing), "output": str(output), "spark": SPARK,
-                                   "warm_moves": warm})
-        before = Path(run.checkpoint_root or "") / "counts"
+                          options={"landing": str(generator.landing), "output": str(work / "output"),
+                                   "spark": SPARK, "warm_moves": warm})
         jobs.wait_until_committed(settings, cluster, name)
+    except BaseException:
+        generator.stop()
+        raise
+    return generator, run
+
+
+def first_commit_gap(before: Path, after: Path, what: str) -> float:
+    """From the last commit in `before` (a run that has stopped) to the first later one in `after`."""
+    last = max(commit_times(before))
+    wait_for(lambda: any(b > last for b in commit_times(after)), 300, f"{what}'s first commit", interval=0.05)
+    return gap(before, after, last)
+
+
+def counts_checkpoint(settings: Settings, run_id: int) -> Path:
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, run_id)
+        assert run is not None and run.checkpoint_root
+        return Path(run.checkpoint_root) / "counts"
+
+
+def changeover_move(settings: Settings, cluster: LocalCluster, name: str, warm: bool) -> dict[str, Any]:
+    """(b) or (c): the job under Changeover, moved from 4.2.0 to 4.3.0 one step at a time, as a drain moves it."""
+    output = settings.home / name / "output"
+    generator, run = start_job(settings, cluster, name, warm)
+    try:
+        before = counts_checkpoint(settings, run.id)
         time.sleep(WARM_UP_SECONDS)  # a measurement window, not a synchronisation
         started = time.monotonic()
         wait_for(lambda: relocate.step(settings, cluster, name, "4.3.0", reason="bench"), 600,
@@ -135,40 +160,117 @@ def changeover_move(settings: Settings, cluster: LocalCluster, name: str, warm: 
         moved = time.monotonic() - started
         after_run = jobs.refresh(settings, cluster, name)
         assert after_run is not None and after_run.spark_version == "4.3.0"
-        after = Path(after_run.checkpoint_root or "") / "counts"
-        with session_scope(settings.database_url) as s:
-            saved = s.scalar(select(JobRun).where(JobRun.id == after_run.id))
-            last = max(b for b in commit_times(before))
-            warmed = saved is not None and saved.standby_of is not None
-        wait_for(lambda: any(b > last for b in commit_times(after)), 300, f"{name}'s first commit on 4.3.0",
-                 interval=0.05)
-        return {"downtime": gap(before, after, last), "warm": warmed, "orchestration": moved,
+        downtime = first_commit_gap(before, counts_checkpoint(settings, after_run.id), f"{name} on 4.3.0")
+        return {"downtime": downtime, "warm": after_run.standby_of is not None, "orchestration": moved,
                 "exact": exact(generator, output)}
     finally:
         generator.stop()
         jobs.cancel(settings, cluster, name, reason="benchmark done")
 
 
+def rolling_upgrade(settings: Settings, work: Path) -> dict[str, Any]:
+    """(d): the three members of a 4.2.0 cluster rolled to 4.3.0 by the rolling_upgrade DAG, through Airflow."""
+    cluster = LocalCluster(settings)
+    env = local_airflow.airflow_env(settings, airflow_home=work / "airflow")
+    (work / "airflow").mkdir(parents=True, exist_ok=True)
+    local_airflow.migrate_airflow(env)
+    airflow = local_airflow.Standalone(env, work / "airflow-standalone.log")
+    generator: Generator | None = None
+    try:
+        airflow.start()
+        cluster.up([("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.2.0")])
+        generator, run = start_job(settings, cluster, "rolled")
+        time.sleep(WARM_UP_SECONDS)  # a measurement window, not a synchronisation
+        run_id = airflow.trigger("rolling_upgrade", {"target_version": "4.3.0", "members": [],
+                                                     "shutdown_timeout": 30})
+        state = airflow.follow("rolling_upgrade", run_id, timeout=2400)
+        if state != "success":
+            raise ChangeoverError("the benchmark's rolling_upgrade", f"its DAG run {run_id} ended {state}",
+                                  f"read the task logs under {airflow.home}/logs")
+        made = moves.of(settings, "rolled")
+        gaps = []
+        for move in made:
+            before, after = counts_checkpoint(settings, move.from_run), counts_checkpoint(settings, move.to_run)
+            gaps.append(first_commit_gap(before, after, f"run {move.to_run}"))
+        return {"moves": len(made), "warm": [m.warm for m in made], "downtimes": gaps, "downtime": sum(gaps),
+                "exact": exact(generator, settings.home / "rolled" / "output"), **member_times(settings)}
+    finally:
+        if generator is not None:
+            generator.stop()
+        airflow.stop()
+        cluster.down()
+
+
+def member_times(settings: Settings) -> dict[str, Any]:
+    """A worker's cold start (the cluster's start) and each member's time back in service during the upgrade:
+    from its upgrade's start (drained) to its worker registered at the new version."""
+    with session_scope(settings.database_url) as s:
+        events = list(s.scalars(select(Event).where(Event.subject_kind == "member").order_by(Event.id)))
+    began = {e.subject: as_utc(e.at) for e in events if e.action == "member.upgrade.begin"}
+    first = min((e.id for e in events if e.action == "member.upgrade.begin"), default=1 << 62)
+    cold = [e.details["seconds"] for e in events if e.action == "member.start" and e.id < first]
+    back, parts = {}, {}
+    for e in events:
+        if e.action == "member.upgrade" and e.subject in began:
+            back[e.subject] = (as_utc(e.at) - began[e.subject]).total_seconds()
+        if e.subject in began and as_utc(e.at) >= began[e.subject] and e.action in ("member.stop", "member.start"):
+            parts.setdefault(e.subject, {})[e.action.split(".")[1]] = e.details["seconds"]
+    return {"cold_start": cold, "back_in_service": back, "restart_parts": parts}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.parse_args()
+    parser.add_argument("--only", default="a,b,c,d", help="which forms to run, e.g. a,d (the ratios need a)")
+    forms = set(parser.parse_args().only.split(","))
     settings, _work = scratch_settings("downtime")
     cluster = LocalCluster(settings)
     results: dict[str, dict[str, Any]] = {}
     try:
         cluster.up([("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.3.0")])
-        results["a"] = bare(settings, cluster)
-        results["b"] = changeover_move(settings, cluster, "cold", warm=False)
-        results["c"] = changeover_move(settings, cluster, "warm", warm=True)
+        if "a" in forms:
+            results["a"] = bare(settings, cluster)
+        if "b" in forms:
+            results["b"] = changeover_move(settings, cluster, "cold", warm=False)
+        if "c" in forms:
+            results["c"] = changeover_move(settings, cluster, "warm", warm=True)
     finally:
         cluster.down()
-    floor = results["a"]["downtime"]
+    failed: ChangeoverError | None = None
+    if "d" in forms:
+        rolled_settings, rolled_work = scratch_settings("downtime-rolling")
+        try:
+            results["d"] = rolling_upgrade(rolled_settings, rolled_work)
+        except ChangeoverError as exc:  # the other forms' figures still stand
+            failed = exc
+    report(results)
+    if failed is not None:
+        raise SystemExit(f"(d) did not complete: {failed}")
+
+
+def report(results: dict[str, dict[str, Any]]) -> None:
+    floor = results["a"]["downtime"] if "a" in results else float("nan")
     print(f"{'':44}{'downtime (s)':>14}{'x (a)':>8}  notes")
-    print(f"{'(a) bare restart in a new process':44}{floor:>14.2f}{1:>8.2f}")
+    if "a" in results:
+        print(f"{'(a) bare restart in a new process':44}{floor:>14.2f}{1:>8.2f}")
     for key, label in (("b", "(b) Changeover, cold move"), ("c", "(c) Changeover, warm move")):
-        r = results[key]
+        if key in results:
+            r = results[key]
+            print(f"{label:44}{r['downtime']:>14.2f}{r['downtime'] / floor:>8.2f}  "
+                  f"{'warm' if r['warm'] else 'cold'}, exact: {r['exact']}, move took {r['orchestration']:.1f} s")
+    if "d" in results:
+        r = results["d"]
+        kinds = ", ".join("warm" if w else "cold" for w in r["warm"])
+        each = " + ".join(f"{g:.2f}" for g in r["downtimes"])
+        label = "(d) rolling_upgrade of 3 members, Airflow"
         print(f"{label:44}{r['downtime']:>14.2f}{r['downtime'] / floor:>8.2f}  "
-              f"{'warm' if r['warm'] else 'cold'}, exact: {r['exact']}, move took {r['orchestration']:.1f} s")
+              f"{r['moves']} move(s) ({kinds}; {each} s), exact: {r['exact']}")
+        cold = r["cold_start"]
+        print(f"worker cold start at the cluster's start: {', '.join(f'{c:.1f}' for c in cold)} s")
+        for member, seconds in sorted(r["back_in_service"].items()):
+            parts = r["restart_parts"].get(member, {})
+            print(f"member {member} back in service in {seconds:.1f} s ({seconds / max(cold):.2f}x the slowest cold "
+                  f"start; worker stop {parts.get('stop', float('nan')):.1f} s, start "
+                  f"{parts.get('start', float('nan')):.1f} s)")
 
 
 if __name__ == "__main__":

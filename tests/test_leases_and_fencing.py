@@ -6,11 +6,13 @@ row locks, and the end-to-end tests drive the same code through real drivers.
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
-from changeover import audit, jobs, lease, roll, upgrades, verify, warm
+from changeover import audit, drain, jobs, lease, processes, roll, upgrades, verify, warm
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
@@ -243,9 +245,12 @@ def test_a_withdrawn_stop_unparks_the_run(settings: Settings) -> None:
 
 
 def _cluster_rows(settings: Settings) -> None:
-    """Members and a master as the registry records them; preflight only reads these rows."""
+    """Members and masters as the registry records them. Preflight reads these rows, and starts the target's master
+    unless one runs: this test's own process stands in for it, so no Spark process starts."""
     with session_scope(settings.database_url) as s:
         s.add(Master(version="4.2.0", host="127.0.0.1", port=1, webui_port=2, rest_port=3, status="RUNNING"))
+        s.add(Master(version="4.3.0", host="127.0.0.1", port=4, webui_port=5, rest_port=6, status="RUNNING",
+                     pid=os.getpid(), pid_started=processes.start_ticks(os.getpid())))
         for name in ("m1", "m2"):
             s.add(Member(name=name, version="4.2.0", host=f"127.0.1.{name[1]}", status="ACTIVE"))
 
@@ -309,11 +314,15 @@ def test_a_standby_waits_while_its_predecessor_runs_and_starts_once_handed_the_c
                                                                                             tmp_path) -> None:
     old = _job_with_parked_run(settings, lease_left=1)
     standby = _standby(settings, old)
+    assert [j["standby"] for j in jobs.list_jobs(settings)] == [f"run {standby} on its master at 4.3.0, warming"]
     assert lease.mark_ready(settings.database_url, standby, {"totals": {}})
+    assert [j["standby"] for j in jobs.list_jobs(settings)] == [f"run {standby} on its master at 4.3.0, ready"]
     assert lease.standby_turn(settings.database_url, "clicks", standby) == "wait"
     assert warm.hand_over(settings, "clicks", standby, old, 1, tmp_path / "restored", "drain-m1-run1-stop1")
     lease.end_standby(settings.database_url, "clicks", standby, "its own deadline, a moment too late")  # no effect
+    assert not jobs.dismiss_standby(settings, None, standby, "a restart's dismissal, too late")  # type: ignore[arg-type]
     assert lease.standby_turn(settings.database_url, "clicks", standby) == "start"
+    assert [(j["run"], j["standby"]) for j in jobs.list_jobs(settings)] == [(standby, None)]  # it is the job's run
     with session_scope(settings.database_url) as s:
         job, run, parked = s.get(Job, "clicks"), s.get(JobRun, standby), s.get(JobRun, old)
         assert (job.current_run_id, job.desired) == (standby, "RUN")
@@ -357,3 +366,52 @@ def test_a_standby_leaves_when_its_predecessor_is_no_longer_the_jobs_run(setting
         assert run.state == "STOPPED" and run.ended_at is not None and run.error == "dismissed"
     assert not lease.mark_ready(settings.database_url, standby, None)  # an ended standby never says it is ready
     assert [e.action for e in audit.find(settings.database_url, job="clicks")].count("job.standby.end") == 1
+
+
+def _wanted_job(s: Any, name: str, *runs: JobRun) -> None:
+    """A fault-tolerant job desired RUN with its runs, oldest first; the last is its current run."""
+    s.add(Job(name=name, module="jobs.clicks", fault_tolerant=True, block_shutdown=False, options={}))
+    s.flush()
+    for run in runs:
+        run.job, run.master_url, run.progress = name, "spark://x", {}
+        s.add(run)
+    s.flush()
+    s.get(Job, name).current_run_id = runs[-1].id
+
+
+class _DecommissionedMember:
+    """Stands in for a master: these runs have no submission, so only the drain's own questions reach it."""
+
+    def is_decommissioned(self, member: str) -> bool:
+        return True
+
+    def executors_on(self, member: str) -> int:
+        return 0
+
+
+def test_a_drain_keeps_a_job_whose_run_was_killed_during_it_and_not_one_killed_before(settings: Settings) -> None:
+    with session_scope(settings.database_url) as s:
+        s.add(Member(name="m1", version="4.2.0", host="127.0.1.1", status="DRAINING",
+                     drain_started_at=utcnow() - timedelta(minutes=1)))
+        for name, ended in (("during", utcnow()), ("before", utcnow() - timedelta(minutes=5))):
+            _wanted_job(s, name, JobRun(spark_version="4.2.0", state="KILLED", member="m1", ended_at=ended))
+
+    planned = drain.plan(settings, _DecommissionedMember(), "m1")  # type: ignore[arg-type]
+
+    assert planned.stopped == ["during"]  # moved from its checkpoint once the member is decommissioned
+    assert not planned.done
+
+
+def test_a_drain_waits_for_a_moved_jobs_first_commit_on_its_new_run_for_a_bounded_time(settings: Settings) -> None:
+    began = utcnow() - timedelta(minutes=5)
+    with session_scope(settings.database_url) as s:
+        s.add(Member(name="m1", version="4.2.0", host="127.0.1.1", status="DRAINING", drain_started_at=began))
+        for name, old_ended in (("fresh", utcnow()), ("quiet", utcnow() - timedelta(minutes=2))):
+            _wanted_job(s, name, JobRun(spark_version="4.2.0", state="STOPPED", member="m1", ended_at=old_ended),
+                        JobRun(spark_version="4.3.0", state="RUNNING", member="m3"))
+
+    # "quiet" has had no input since its move: its wait is over, so the member's restart is not held forever
+    assert drain.plan(settings, _DecommissionedMember(), "m1").handoff == ["fresh"]  # type: ignore[arg-type]
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, s.get(Job, "fresh").current_run_id).first_commit_at = utcnow()
+    assert drain.plan(settings, _DecommissionedMember(), "m1").handoff == []  # type: ignore[arg-type]

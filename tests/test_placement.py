@@ -4,9 +4,10 @@ the moves through real drivers; here the members and runs are registry rows."""
 
 from __future__ import annotations
 
-from changeover import placement, roll, upgrades
+from changeover import placement, roll, upgrades, verify, warm
+from changeover.cluster import LocalCluster
 from changeover.registry.db import session_scope
-from changeover.registry.models import Job, JobRun, Member
+from changeover.registry.models import Job, JobRun, Master, Member
 from changeover.settings import Settings
 
 
@@ -84,3 +85,25 @@ def test_a_partial_upgrade_keeps_moved_jobs_on_the_group_that_stays_largest(sett
     _members(settings, ("m5", "4.2.0"))
     # With a fifth member 4.2.0 stays the largest group, so the job stays on it.
     assert placement.upgrade_destination(settings, ["m1"], "run-2") == "4.2.0"
+
+
+def test_the_plan_says_which_moves_can_be_warm_and_why_the_others_are_cold(settings: Settings) -> None:
+    _members(settings, ("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.2.0"))
+    _job_on(settings, "clicks", "m1")
+    _job_on(settings, "legacy", "m2")
+    with session_scope(settings.database_url) as s:
+        s.get(Job, "legacy").options = {"warm_moves": False}
+
+    assert warm.planned_cold_reason(settings, "clicks", "4.2.0", "4.3.0") is None
+    assert warm.planned_cold_reason(settings, "legacy", "4.2.0", "4.3.0") == "its option warm_moves is off"
+    assert "moves within the 4.2.0 group" in (warm.planned_cold_reason(settings, "clicks", "4.2.0", "4.2.0") or "")
+    with session_scope(settings.database_url) as s:  # preflight asks for each group's master row
+        s.add(Master(version="4.2.0", host="127.0.0.1", port=1, webui_port=2, rest_port=3, status="RUNNING"))
+
+    described = verify.preflight(settings, LocalCluster(settings), "4.3.0", [], "plan-1", dry_run=True).describe()
+
+    assert "  job clicks: 4.2.0 -> 4.3.0 (1 move)" in described
+    assert described[described.index("  job clicks: 4.2.0 -> 4.3.0 (1 move)") + 1] == (
+        "    4.2.0 -> 4.3.0: warm if the 4.3.0 group then has 2 free cores for its standby, else cold")
+    assert described[described.index("  job legacy: 4.2.0 -> 4.3.0 (1 move)") + 1] == (
+        "    4.2.0 -> 4.3.0: cold: its option warm_moves is off")

@@ -108,7 +108,8 @@ def list_jobs(as_json: JsonFlag = False) -> None:
     settings = _settings()
     jobs.refresh_all(settings, LocalCluster(settings))
     _emit(jobs.list_jobs(settings), as_json, [("NAME", "name"), ("STATE", "state"), ("VERSION", "version"),
-                                              ("MEMBER", "member"), ("RUN", "run"), ("PROGRESS", "progress")])
+                                              ("MEMBER", "member"), ("RUN", "run"), ("PROGRESS", "progress"),
+                                              ("STANDBY", "standby")])
 
 
 def _pairs(items: list[str] | None, what: str) -> dict[str, str]:

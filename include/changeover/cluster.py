@@ -29,7 +29,11 @@ from changeover.spark_master import SparkMaster
 WORKER_CORES = 4  # more than the machine has: drivers and executors of several jobs share workers
 WORKER_MEMORY = "4g"
 STOP_GRACE = 20.0  # seconds a worker with work on it gets to end its drivers and executors
-IDLE_STOP_GRACE = 2.0  # a drained worker runs nothing of ours: no reason to wait on its shutdown hooks
+IDLE_STOP_GRACE = 0.0  # a drained worker runs nothing of ours: no reason to wait on its shutdown hooks
+# Masters and workers only place and launch work; C1 and the serial collector start them in about half the time
+# on a busy machine (measured 4.3-5.6 s against 8.4-10.2 s beside three busy processes on 2 cores). The launcher
+# JVM spark-class starts first gets the same. Drivers and executors get their options from their submission.
+DAEMON_JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 WORKER_TIMEOUT = 30  # s without heartbeats before a master declares a worker lost (Spark's default: 60)
 
 
@@ -312,6 +316,8 @@ class LocalCluster:
             JAVA_HOME=str(java_home()),
             SPARK_LOG_DIR=str(self.settings.cluster_dir / "logs"),
             SPARK_NO_DAEMONIZE="1",
+            SPARK_DAEMON_JAVA_OPTS=DAEMON_JAVA_OPTS,
+            SPARK_LAUNCHER_OPTS=DAEMON_JAVA_OPTS,
             **extra,
         )
         return env

@@ -11,7 +11,7 @@ in small idempotent steps.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, or_, select
@@ -69,7 +69,8 @@ class DrainPlan:
         return {**asdict(self), "done": self.done, "actionable": self.actionable}
 
 
-def jobs_on(settings: Settings, membership: Membership, member: str) -> list[tuple[Job, JobRun]]:
+def jobs_on(settings: Settings, membership: Membership, member: str, since: datetime | None = None
+            ) -> list[tuple[Job, JobRun]]:
     """Jobs whose current run is on `member`. Only runs the registry places there, or not yet anywhere, are
     asked about: a driver never changes worker, so a drain poll costs the member's jobs, not the fleet's."""
     with session_scope(settings.database_url) as s:
@@ -83,9 +84,34 @@ def jobs_on(settings: Settings, membership: Membership, member: str) -> list[tup
             continue
         # A job asked to move is ours to save and resume until it runs elsewhere: stopped at a boundary, or
         # ended on the way there (its driver killed, its worker lost), never left behind.
-        if run.state in jobs.LIVE or job.desired == "MOVE":
+        if run.state in jobs.LIVE or job.desired == "MOVE" or _killed_since(job, run, since):
             found.append((job, run))
     return found
+
+
+FIRST_COMMIT_WAIT_SECONDS = 60.0
+
+
+def _first_commit_pending(settings: Settings, member: str, since: datetime | None) -> list[str]:
+    """Jobs moved off the member in this drain whose new run has not committed yet, for up to
+    FIRST_COMMIT_WAIT_SECONDS after their old run ended: the member's restart (a JVM start) waits for them, so it
+    does not compete for the cores with their first batch on the new version, which is the move's downtime. A job
+    without new input commits nothing, so the wait is bounded."""
+    if since is None:
+        return []
+    recent = max(as_utc(since), utcnow() - timedelta(seconds=FIRST_COMMIT_WAIT_SECONDS))
+    with session_scope(settings.database_url) as s:
+        left = select(JobRun.job).where(JobRun.member == member, JobRun.ended_at >= recent)
+        return list(s.scalars(select(Job.name).join(JobRun, JobRun.id == Job.current_run_id).where(
+            Job.name.in_(left), JobRun.first_commit_at.is_(None), JobRun.ended_at.is_(None),
+            or_(JobRun.member.is_(None), JobRun.member != member))))
+
+
+def _killed_since(job: Job, run: JobRun, since: datetime | None) -> bool:
+    """A fault-tolerant job still wanted whose run died during the drain before it was asked to stop (while its
+    standby warmed, say): the drain moves it from its checkpoint, as one killed on its way to the move."""
+    return (since is not None and job.fault_tolerant and job.desired == "RUN" and run.state == "KILLED"
+            and run.ended_at is not None and as_utc(run.ended_at) >= as_utc(since))
 
 
 def plan(settings: Settings, membership: Membership, member: str, shutdown_timeout: int | None = None) -> DrainPlan:
@@ -102,7 +128,7 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
         result.blocked_by = list(others)
         return result
     now = utcnow()
-    for job, run in jobs_on(settings, membership, member):
+    for job, run in jobs_on(settings, membership, member, started if status == "DRAINING" else None):
         if job.fault_tolerant:
             if run.state not in jobs.LIVE:
                 result.stopped.append(job.name)
@@ -121,7 +147,8 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
             else:
                 result.cancel.append(job.name)
     if status == "DRAINING":
-        result.handoff = sorted({run.job for run in jobs.parked_runs_on(settings, membership, member)}
+        result.handoff = sorted(({run.job for run in jobs.parked_runs_on(settings, membership, member)}
+                                 | set(_first_commit_pending(settings, member, started)))
                                 - set(result.stopped) - set(result.stopping))
         result.decommissioned = membership.is_decommissioned(member)
         if result.decommissioned and not result.jobs_left:
@@ -229,8 +256,16 @@ def recommission(settings: Settings, membership: Membership, member: str, reason
         version = LocalCluster._member(s, member).version
         movable = set(s.scalars(select(Job.current_run_id).where(  # only these drivers' jobs, not the fleet's
             Job.fault_tolerant.is_(True), Job.current_run_id.in_([run.id for run in drivers]))))
+    standbys = [run for run in drivers if run.id not in movable and run.standby_of is not None]
+    drivers = [run for run in drivers if run not in standbys]
     if any(run.id not in movable for run in drivers):
         return False
+    # a warm successor not yet handed its job would starve there too: its move starts again; one handed its job
+    # meanwhile is now the job's run, and a second look ends it for the restart like the others
+    dismissed = [jobs.dismiss_standby(settings, membership, run.id, f"{reason}: its member's worker is restarted")
+                 for run in standbys]
+    if not all(dismissed):
+        return recommission(settings, membership, member, reason)
     for run in drivers:
         jobs.end_for_restart(settings, membership, run.id, f"{reason}: its member's worker is restarted, since a "
                              "decommissioned worker gets no executors; it goes on from its checkpoint")

@@ -460,17 +460,20 @@ def end_for_restart(settings: Settings, membership: Membership, run_id: int, rea
     _kill(settings, membership, run_id, version, submission, "STOPPED" if parked else "KILLED", reason, "job.end")
 
 
-def dismiss_standby(settings: Settings, membership: Membership, run_id: int, reason: str) -> None:
+def dismiss_standby(settings: Settings, membership: Membership, run_id: int, reason: str) -> bool:
     """End a warm standby that will not be handed its job (not ready in time, or its move was withdrawn). It never
-    ran a query, so it ends STOPPED with the reason; a driver not yet started finds its run ended and exits."""
+    ran a query, so it ends STOPPED with the reason; a driver not yet started finds its run ended and exits.
+    False when it was handed its job meanwhile: then it is the job's run, and stays."""
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
         job, version, submission = run.job, run.spark_version, run.submission_id
     if not lease.end_standby(settings.database_url, job, run_id, reason, "job.standby.dismiss"):
-        return  # ended already, or handed the job meanwhile: then it stays
+        with session_scope(settings.database_url) as s:  # ended already, or handed the job meanwhile
+            return get_job(s, job).current_run_id != run_id
     if submission is not None:  # one not yet started finds its run ended and exits
         _kill_driver(membership.master(version), submission, f"the driver of standby run {run_id}")
+    return True
 
 
 def _kill(settings: Settings, membership: Membership, run_id: int, version: str, submission: str, state: str,
@@ -526,13 +529,19 @@ def continue_ended_on(settings: Settings, membership: Membership, member: str, s
 def list_jobs(settings: Settings) -> list[dict[str, Any]]:
     with session_scope(settings.database_url) as s:
         rows = []
+        standbys = {r.standby_of: r for r in s.scalars(select(JobRun).where(JobRun.standby_of.is_not(None),
+                                                                             JobRun.ended_at.is_(None)))}
         for job in s.scalars(select(Job).order_by(Job.name)):
             run = current_run(s, job)
+            standby = standbys.get(run.id) if run else None
             rows.append({
                 "name": job.name, "module": job.module, "entry": job.entry, "fault_tolerant": job.fault_tolerant,
                 "block_shutdown": job.block_shutdown, "shutdown_timeout": job.shutdown_timeout,
                 "state": run.state if run else "NEW", "version": run.spark_version if run else None,
                 "member": run.member if run else None, "run": run.id if run else None,
                 "progress": run.progress if run else {},
+                # a warm successor holding a driver and an executor on its member until the handoff
+                "standby": (f"run {standby.id} on {standby.member or 'its master'} at {standby.spark_version}, "
+                            f"{'ready' if standby.ready_at else 'warming'}") if standby else None,
             })
         return rows

@@ -22,6 +22,7 @@ from changeover.registry.models import Job, JobRun, utcnow
 from changeover.timeutil import as_utc
 
 DEFAULT_LEASE_SECONDS = 120.0
+STANDBY_READY_SECONDS = 240.0  # from a standby's launch to its readiness on a loaded cluster; then the move goes cold
 Decision = Literal["wait", "exit", "resume"]
 StandbyTurn = Literal["wait", "start", "dismissed"]
 

@@ -10,7 +10,7 @@ ACTIVE member. New jobs still follow the largest-group rule (`routing`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
@@ -88,12 +88,18 @@ def upgrade_destination(settings: Settings, exclude: Iterable[str], upgrade_key:
 class MovePlan:
     order: list[str]  # members in the order they are drained
     moves: dict[str, list[str]]  # job -> versions it is expected to run on, in turn
+    cold: dict[str, list[str | None]] = field(default_factory=dict)  # job -> per move, why it will be cold
 
     def describe(self) -> list[str]:
         lines = [f"drain order: {', '.join(self.order) or 'none'} (members without fault-tolerant jobs first)"]
         for job, versions in sorted(self.moves.items()):
             count = len(versions) - 1
             lines.append(f"  job {job}: {' -> '.join(versions)} ({count} move{'s' if count != 1 else ''})")
+            for (before, after), why in zip(zip(versions, versions[1:], strict=False), self.cold.get(job, []),
+                                            strict=False):
+                how = (f"cold: {why}" if why else f"warm if the {after} group then has {CORES_PER_JOB} free cores "
+                       "for its standby, else cold")
+                lines.append(f"    {before} -> {after}: {how}")
         return lines
 
 

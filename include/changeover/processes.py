@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+KILL_WAIT_SECONDS = 5.0  # after a SIGKILL, for the group to be gone
+
 
 @dataclass(frozen=True)
 class Started:
@@ -61,7 +63,12 @@ def stop_group(pid: int | None, ticks: str | None, timeout: float = 20.0) -> boo
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    _reap(pid)
+    gone = time.monotonic() + KILL_WAIT_SECONDS  # so what starts next in its place never races the dying group
+    while time.monotonic() < gone:
+        _reap(pid)
+        if not _group_alive(pid):
+            break
+        time.sleep(0.05)
     return True
 
 
@@ -86,11 +93,13 @@ def cmdline(pid: int) -> list[str]:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Some process of the group still runs. A zombie does not: one whose parent is another of our processes (the
+    CLI or demo that started the cluster, while an Airflow task stops it) stays a zombie until that parent ends."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    return True
+    return any(not _is_zombie(pid) for pid in group_members(pgid))
 
 
 def _is_zombie(pid: int) -> bool:

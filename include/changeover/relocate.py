@@ -14,7 +14,7 @@ from changeover.cluster import Membership
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
-from changeover.registry.models import Job, JobRun
+from changeover.registry.models import Job, JobRun, Member
 from changeover.settings import Settings
 
 
@@ -65,15 +65,19 @@ def step(
         jobs.launch(settings, membership, job_name, target_version, root, from_savepoint=name,
                     replaces_run=run.id, replaces_park=run.parks)
         return True
-    if run.state == "KILLED" and desired == "MOVE":
-        # Its driver died before it parked (killed, or its worker lost): Spark's checkpoint is whole as of its
-        # last commit, so the job goes on from there on the target, replaying the batch it had planned.
+    if run.state == "KILLED" and (desired == "MOVE" or (desired == "RUN" and _draining(settings, run.member))):
+        # Its driver died before it parked (killed, or its worker lost), asked to move or not yet: Spark's checkpoint
+        # is whole as of its last commit, so the job goes on from there on the target, replaying the batch it had
+        # planned. (A user's cancel leaves the job desired STOP; an abort's restart returns the member to service.)
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
         _dismiss_standby(settings, membership, run.id, "its run was killed before the hand-over; the job goes on "
                          "from its checkpoint, cold")
         root = jobs.new_checkpoint_root(settings, job_name)
         jobs.continue_from(settings, membership, run, root)
-        jobs.launch(settings, membership, job_name, target_version, root, continues_move=run.id)
+        if desired == "MOVE":
+            jobs.launch(settings, membership, job_name, target_version, root, continues_move=run.id)
+        else:
+            jobs.launch(settings, membership, job_name, target_version, root, continues_run=run.id)
         return True
     raise ChangeoverError(f"move of job {job_name}", f"its run {run.id} ended as {run.state}",
                           f"resume it from its newest savepoint: `changeover submit {job_name} --from-savepoint NAME`")
@@ -98,6 +102,14 @@ def withdraw(settings: Settings, membership: Membership, job_name: str, reason: 
         if job.desired == "MOVE":
             job.desired = "RUN"
         audit.record(s, "job.stop_withdrawn", "job", job_name, reason=reason, **details)
+
+
+def _draining(settings: Settings, member: str | None) -> bool:
+    """Its member is still being drained: an abort's restart also leaves runs KILLED and wanted, and goes on with
+    them where they were, not on the target."""
+    with session_scope(settings.database_url) as s:
+        row = s.get(Member, member) if member else None
+        return row is not None and row.status == "DRAINING"
 
 
 def _dismiss_standby(settings: Settings, membership: Membership, run_id: int, reason: str) -> None:

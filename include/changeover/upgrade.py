@@ -32,10 +32,10 @@ def upgrade_member(settings: Settings, cluster: LocalCluster, member: str, versi
     idle = not jobs.drivers_on(settings, cluster, member)
     cluster.stop_worker(member, grace=IDLE_STOP_GRACE if idle else STOP_GRACE)
     cluster.start_worker(member, version)
+    with session_scope(settings.database_url) as s:  # back in service: what follows is the old group's cleanup
+        audit.record(s, "member.upgrade", "member", member, from_version=old, to_version=version)
     if old != version:
         cluster.stop_master_if_empty(old)
-    with session_scope(settings.database_url) as s:
-        audit.record(s, "member.upgrade", "member", member, from_version=old, to_version=version)
     return old
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, jobs, placement, processes, roll, routing, upgrades
+from changeover import audit, jobs, placement, processes, roll, routing, upgrades, warm
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
@@ -53,6 +53,9 @@ def preflight(
         todo = [n for n in chosen if not (rows[n].version == target and rows[n].status == "ACTIVE")]
         old = {n: rows[n].version for n in todo}
     moves = placement.plan_moves(settings, target, todo)
+    moves = replace(moves, cold={job: [warm.planned_cold_reason(settings, job, before, after)
+                                       for before, after in zip(versions, versions[1:], strict=False)]
+                                 for job, versions in moves.moves.items()})
     todo = moves.order
     # observed before the upgrade begins, so a run found ended now is not counted as ended during it
     live = [job.name for job, run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True)
@@ -62,6 +65,8 @@ def preflight(
     if not dry_run:
         upgrades.begin(settings, upgrade_key, target, old)
         todo = roll.start(settings, upgrade_key, todo, live)
+        if todo:  # the target group's master starts now, not inside the first member's restart
+            cluster.ensure_master(target)
     return UpgradePlan(target, todo, old, [j for j in jobs.list_jobs(settings) if j["state"] in jobs.LIVE], moves)
 
 

@@ -28,7 +28,7 @@ from changeover.registry.models import Job, JobRun, utcnow
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 
-READY_SECONDS = 240.0  # from a standby's launch to its readiness, on a loaded cluster, before the move goes cold
+READY_SECONDS = lease.STANDBY_READY_SECONDS
 PARK_POLL_SECONDS = 0.05
 Readiness = Literal["ready", "warming", "cold"]
 
@@ -45,8 +45,9 @@ def warming(standby: JobRun) -> bool:
     return standby.ready_at is None and (utcnow() - as_utc(standby.submitted_at)).total_seconds() < READY_SECONDS
 
 
-def cold_reason(settings: Settings, membership: Membership, job_name: str, run: JobRun, target: str) -> str | None:
-    """Why this move cannot be warm, or None when it can."""
+def planned_cold_reason(settings: Settings, job_name: str, from_version: str, target: str) -> str | None:
+    """Why a move of this job from `from_version` to `target` will be cold whatever the cluster then looks like, or
+    None when it can be warm (the preflight's plan says so; capacity is looked at when the move comes)."""
     with session_scope(settings.database_url) as s:
         job = jobs.get_job(s, job_name)
         entry, warm_moves = job.entry, (job.options or {}).get("warm_moves", True)
@@ -54,19 +55,33 @@ def cold_reason(settings: Settings, membership: Membership, job_name: str, run: 
         return f"its entry point ({entry}) runs its own queries, so nothing of it can start before its checkpoint"
     if warm_moves is False:
         return "its option warm_moves is off"
-    if target == run.spark_version:
+    if target == from_version:
         return (f"it moves within the {target} group, whose master could place a standby on the member it leaves "
                 "(Spark standalone places drivers itself)")
+    return None
+
+
+def cold_reason(settings: Settings, membership: Membership, job_name: str, run: JobRun, target: str) -> str | None:
+    """Why this move cannot be warm, or None when it can."""
+    planned = planned_cold_reason(settings, job_name, run.spark_version, target)
+    if planned is not None:
+        return planned
     with session_scope(settings.database_url) as s:
         tried = s.scalar(select(JobRun).where(JobRun.standby_of == run.id, JobRun.ended_at.is_not(None))
                          .order_by(JobRun.id.desc()).limit(1))
         if tried is not None:
             return f"its standby run {tried.id} ended {tried.state} ({tried.error or 'no reason recorded'})"
     members = routing.version_groups(settings).get(target, [])
-    free = placement.free_cores_of(settings, membership)(target, members)
+    with session_scope(settings.database_url) as s:  # launched but not placed yet: the master shows no cores taken
+        launched = list(s.scalars(select(JobRun.id).where(
+            JobRun.standby_of.is_not(None), JobRun.ended_at.is_(None), JobRun.member.is_(None),
+            JobRun.spark_version == target)))
+    unplaced = sum(1 for run in (jobs.observe(settings, membership, i) for i in launched)
+                   if run.ended_at is None and run.member is None and warming(run))
+    free = placement.free_cores_of(settings, membership)(target, members) - unplaced * placement.CORES_PER_JOB
     if free < placement.CORES_PER_JOB:
-        return (f"the {target} group has {free} free core(s), and a standby needs {placement.CORES_PER_JOB} "
-                "(a driver and an executor) beside the jobs it runs")
+        return (f"the {target} group has {max(free, 0)} free core(s) (besides {unplaced} standby(s) being placed), "
+                f"and a standby needs {placement.CORES_PER_JOB} (a driver and an executor) beside the jobs it runs")
     return None
 
 

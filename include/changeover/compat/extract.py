@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +34,27 @@ def in_runtime(settings: Settings, version: str, shipped: JobCode, entry: str, a
     runtime = find_runtime(settings.runtimes_dir, version)
     package, _ = runtime_artifacts(settings)
     code_path = shipped.artifact if shipped.artifact.suffix == ".zip" else shipped.artifact.parent
-    confs = SparkSettings.from_options(options.get("spark") or {}).confs()
+    spark = SparkSettings.from_options(options.get("spark") or {})
+    confs = spark.confs()
+    if spark.jars:
+        confs["spark.jars"] = ",".join(spark.jars)
+    if spark.packages:
+        confs["spark.jars.packages"] = ",".join(spark.packages)
     command = [str(runtime.python), "-m", entry, "--module", shipped.module, "--options", json.dumps(options),
                *args, *(arg for key, value in confs.items() for arg in ("--conf", f"{key}={value}"))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package), str(code_path)]),
-           "JAVA_HOME": str(java_home()), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(runtime.python)}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=Path.cwd(),
-                            stdin=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory(prefix="changeover-py-files-") as loose:
+        # the job's own --py-files, on the path as spark-submit puts them: a .py file by its folder, a zip as it is
+        extra = [str(f) for f in spark.py_files if Path(f).suffix != ".py"]
+        for f in spark.py_files:
+            if not Path(f).exists():
+                raise ChangeoverError(f"py_files entry {f}", "no such file where the check runs",
+                                      "give the path of a file this machine has, as spark-submit's --py-files")
+            if Path(f).suffix == ".py":
+                shutil.copy2(f, loose)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package), str(code_path), loose, *extra]),
+               "JAVA_HOME": str(java_home()), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(runtime.python)}
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=Path.cwd(),
+                                stdin=subprocess.DEVNULL)
     found = [line for line in result.stdout.splitlines() if line.startswith(marker)]
     if result.returncode != 0 or not found:
         last = [line for line in result.stderr.splitlines() if line.strip()][-3:]

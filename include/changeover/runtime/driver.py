@@ -14,6 +14,7 @@ import logging
 import os
 import runpy
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -208,7 +209,10 @@ class Driver:
         """A warm standby: with the job built, warm the executors and the streaming engine, say so, then wait for
         the predecessor's checkpoint. Returns (the restored checkpoint root, the stage plans), or None when
         dismissed: then it has run no query and written nothing."""
-        warm_up(spark)
+        if not warm_up(spark, lease.STANDBY_READY_SECONDS):
+            patiently(partial(lease.end_standby, self.url, self.job, self.run_id, "not ready within "
+                              f"{lease.STANDBY_READY_SECONDS:.0f} s: no executor ran its warm-up"), self.registry)
+            return None
         plans = self.describe(spark, stages)
         if not patiently(partial(lease.mark_ready, self.url, self.run_id, plans), self.registry):
             return None
@@ -323,11 +327,28 @@ class Driver:
             return "wait"
 
 
-def warm_up(spark: Any) -> None:
+def warm_up(spark: Any, seconds: float) -> bool:
     """Before a standby says it is ready: wait for an executor, and run one stateful micro-batch of a throwaway
     query (a file of its own, a memory sink, a scratch checkpoint, Trigger.AvailableNow), so the first batch after
     the handoff finds the executor's JVM, its Python workers and Spark's streaming classes loaded. A failed warm-up
-    costs time later, never the job."""
+    costs time later, never the job. False when it did not end within `seconds` (no executor came): its jobs are
+    cancelled, and a standby that cannot run a task cannot be ready."""
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            _warm_up(spark)
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="changeover-warm-up", daemon=True).start()
+    if finished.wait(seconds):
+        return True
+    spark.sparkContext.cancelAllJobs()
+    return False
+
+
+def _warm_up(spark: Any) -> None:
     import tempfile
 
     try:
