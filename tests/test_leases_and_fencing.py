@@ -6,13 +6,12 @@ row locks, and the end-to-end tests drive the same code through real drivers.
 
 from __future__ import annotations
 
-import os
 import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from changeover import audit, drain, jobs, lease, processes, roll, upgrades, verify, warm
+from changeover import audit, drain, jobs, lease, roll, upgrades, verify, warm
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
@@ -21,6 +20,7 @@ from changeover.runtime.fence import Fenced, hold
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.windows import DrainWindow
+from sqlalchemy import select
 
 
 def write_batch(settings: Settings, run_id: int, batch: int = 5) -> None:
@@ -245,12 +245,9 @@ def test_a_withdrawn_stop_unparks_the_run(settings: Settings) -> None:
 
 
 def _cluster_rows(settings: Settings) -> None:
-    """Members and masters as the registry records them. Preflight reads these rows, and starts the target's master
-    unless one runs: this test's own process stands in for it, so no Spark process starts."""
+    """Members and a master as the registry records them; preflight only reads these rows."""
     with session_scope(settings.database_url) as s:
         s.add(Master(version="4.2.0", host="127.0.0.1", port=1, webui_port=2, rest_port=3, status="RUNNING"))
-        s.add(Master(version="4.3.0", host="127.0.0.1", port=4, webui_port=5, rest_port=6, status="RUNNING",
-                     pid=os.getpid(), pid_started=processes.start_ticks(os.getpid())))
         for name in ("m1", "m2"):
             s.add(Member(name=name, version="4.2.0", host=f"127.0.1.{name[1]}", status="ACTIVE"))
 
@@ -415,3 +412,16 @@ def test_a_drain_waits_for_a_moved_jobs_first_commit_on_its_new_run_for_a_bounde
     with session_scope(settings.database_url) as s:
         s.get(JobRun, s.get(Job, "fresh").current_run_id).first_commit_at = utcnow()
     assert drain.plan(settings, _DecommissionedMember(), "m1").handoff == []  # type: ignore[arg-type]
+
+
+def test_verify_stops_a_master_whose_group_has_no_member_left(settings: Settings) -> None:
+    """The target's master started for an upgrade that then upgraded no member (or an old group's master, when the
+    task that emptied it died before stopping it). Its row has no process: nothing is signalled here."""
+    _cluster_rows(settings)
+    with session_scope(settings.database_url) as s:
+        s.add(Master(version="4.3.0", host="127.0.0.1", port=4, webui_port=5, rest_port=6, status="RUNNING"))
+
+    assert LocalCluster(settings).stop_empty_masters() == ["4.3.0"]
+    assert LocalCluster(settings).stop_empty_masters() == []  # safe to repeat
+    with session_scope(settings.database_url) as s:
+        assert {m.version: m.status for m in s.scalars(select(Master))} == {"4.2.0": "RUNNING", "4.3.0": "STOPPED"}

@@ -6,25 +6,57 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from changeover import processes
 
-PARENT = ("import subprocess, sys, time\n"
-          "child = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
-          "print(child.pid, flush=True)\n"
-          "time.sleep(300)\n")
+PARENT = """import subprocess, sys, time
+child = subprocess.Popen([sys.executable, sys.argv[1]], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(300)
+"""
+QUIET_LEADER = "import time; time.sleep(300)\n"
+LEADER_WITH_STUBBORN_CHILD = """import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                  "time.sleep(300)"])
+time.sleep(300)
+"""
 
 
-def test_a_group_whose_leader_is_left_a_zombie_counts_as_stopped_at_once() -> None:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+def _group(tmp_path: Path, leader: str) -> tuple[subprocess.Popen[str], int]:
+    """A parent that starts a group (its leader runs `leader`) and never reaps it."""
+    (tmp_path / "parent.py").write_text(PARENT)
+    (tmp_path / "leader.py").write_text(leader)
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), str(tmp_path / "leader.py")],
+                              stdout=subprocess.PIPE, text=True)
+    return parent, int(parent.stdout.readline())  # type: ignore[union-attr]
+
+
+def test_a_group_whose_leader_is_left_a_zombie_counts_as_stopped_at_once(tmp_path: Path) -> None:
+    parent, leader = _group(tmp_path, QUIET_LEADER)
     try:
-        leader = int(parent.stdout.readline())  # type: ignore[union-attr]
         began = time.monotonic()
         assert processes.stop_group(leader, processes.start_ticks(leader), timeout=60)
         # the SIGTERM ends it at once; what is left is a zombie its parent has not reaped, not a process to wait on
         assert time.monotonic() - began < 30, "stop_group waited out its timeout on a zombie"
-        assert not processes.group_members(leader) or all(
-            processes.cmdline(pid) == [] for pid in processes.group_members(leader))
+        assert not processes.is_running(leader, processes.start_ticks(leader))
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_group_whose_leader_is_a_zombie_but_whose_child_runs_on_is_killed(tmp_path: Path) -> None:
+    parent, leader = _group(tmp_path, LEADER_WITH_STUBBORN_CHILD)
+    try:
+        deadline = time.monotonic() + 30
+        while len(processes.group_members(leader)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # polled with a deadline: the leader starts its child
+        child = next(pid for pid in processes.group_members(leader) if pid != leader)
+        ticks = processes.start_ticks(child)
+
+        assert processes.stop_group(leader, processes.start_ticks(leader), timeout=2)
+
+        assert not processes.is_running(child, ticks), "the child that ignores SIGTERM runs on"
     finally:
         parent.kill()
         parent.wait()

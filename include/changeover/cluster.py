@@ -111,7 +111,7 @@ class LocalCluster:
                         "status": m.status,
                         "group": m.version,
                         "host": m.host,
-                        "running": processes.is_ours(m.pid, m.pid_started),
+                        "running": processes.is_running(m.pid, m.pid_started),
                     }
                     for m in members
                 ],
@@ -121,7 +121,7 @@ class LocalCluster:
                         "url": m.url,
                         "webui": f"http://{m.host}:{m.webui_port}",
                         "status": m.status,
-                        "running": processes.is_ours(m.pid, m.pid_started),
+                        "running": processes.is_running(m.pid, m.pid_started),
                     }
                     for m in masters
                 ],
@@ -191,7 +191,7 @@ class LocalCluster:
         runtime = find_runtime(self.settings.runtimes_dir, version)
         with session_scope(self.url) as s:
             row = s.get(Master, version)
-            if row and row.status == "RUNNING" and processes.is_ours(row.pid, row.pid_started):
+            if row and row.status == "RUNNING" and processes.is_running(row.pid, row.pid_started):
                 return row
         port = require_free("127.0.0.1", port, f"the Spark {version} master") if port else free_port()
         webui, rest = free_port(), free_port()
@@ -234,6 +234,13 @@ class LocalCluster:
             audit.record(s, "master.stop", "master", version, reason="its version group is empty")
             return True
 
+    def stop_empty_masters(self) -> list[str]:
+        """Stop every master whose group has no member left (one started for an upgrade that then upgraded none,
+        or the old group's, when the task that emptied it died before it stopped it). Safe to repeat."""
+        with session_scope(self.url) as s:
+            versions = list(s.scalars(select(Master.version).where(Master.status == "RUNNING")))
+        return [v for v in versions if self.stop_master_if_empty(v)]
+
     def start_worker(self, member: str, version: str) -> None:
         runtime = find_runtime(self.settings.runtimes_dir, version)
         master_row = self.ensure_master(version)
@@ -245,7 +252,7 @@ class LocalCluster:
                 row = Member(name=member, version=version, host=f"127.0.1.{count + 1}", status="STOPPED")
                 s.add(row)
                 audit.record(s, "member.add", "member", member, version=version, host=row.host)
-            alive = processes.is_ours(row.pid, row.pid_started)
+            alive = processes.is_running(row.pid, row.pid_started)
             if alive and row.version == version and master.worker_state(row.host) == "ALIVE":
                 return
             if alive:

@@ -44,6 +44,11 @@ def is_ours(pid: int | None, ticks: str | None) -> bool:
     return bool(pid) and start_ticks(pid) == ticks  # type: ignore[arg-type]
 
 
+def is_running(pid: int | None, ticks: str | None) -> bool:
+    """Ours and not dead: a leader another of our processes started and has not reaped is ours, but a zombie."""
+    return is_ours(pid, ticks) and not _is_zombie(pid)  # type: ignore[arg-type]
+
+
 def stop_group(pid: int | None, ticks: str | None, timeout: float = 20.0) -> bool:
     """SIGTERM the process group we started, then SIGKILL after a deadline. False if it was gone."""
     if not is_ours(pid, ticks):
@@ -59,6 +64,8 @@ def stop_group(pid: int | None, ticks: str | None, timeout: float = 20.0) -> boo
         if not is_ours(pid, ticks) or _is_zombie(pid):
             _reap(pid)
             if not _group_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)  # nothing should be left; if anything is, it goes
                 return True
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
@@ -103,10 +110,14 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _is_zombie(pid: int) -> bool:
+    """Dead and not reaped: state Z with no thread left (a process whose main thread exited shows Z while its
+    other threads still run)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if ":" in line)
     except OSError:
         return True
+    return fields.get("State", "").strip().startswith("Z") and fields.get("Threads", "1").strip() == "1"
 
 
 def _reap(pid: int) -> None:

@@ -54,6 +54,7 @@ def abort(settings: Settings, cluster: LocalCluster, key: str, reason: str = "ab
         names = list((run.progress or {}).get("order") or run.members)
     returned = [m for m in names if _return_to_service(settings, cluster, m, f"abort of upgrade {key}: {reason}")]
     resumed = _withdraw_moves(settings, cluster, f"abort of upgrade {key}")
+    cluster.stop_empty_masters()  # the target's, started for a member that is back at its old version
     with session_scope(settings.database_url) as s:
         run = lock_row(s, UpgradeRun, _get(s, key).id)
         was = run.status

@@ -90,6 +90,7 @@ def step(
                 _set_phase(settings, upgrade_key, member, SKIPPED, reason)
                 continue
         if phase == PENDING:
+            cluster.ensure_master(target)  # while the member drains, not inside its restart
             _set_phase(settings, upgrade_key, member, DRAINING)
         plan = drain.step(settings, cluster, member, shutdown_timeout, upgrade_key=upgrade_key)
         outside = [m for m in plan.blocked_by if m not in order]

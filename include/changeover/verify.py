@@ -65,13 +65,12 @@ def preflight(
     if not dry_run:
         upgrades.begin(settings, upgrade_key, target, old)
         todo = roll.start(settings, upgrade_key, todo, live)
-        if todo:  # the target group's master starts now, not inside the first member's restart
-            cluster.ensure_master(target)
     return UpgradePlan(target, todo, old, [j for j in jobs.list_jobs(settings) if j["state"] in jobs.LIVE], moves)
 
 
 def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: str) -> dict[str, Any]:
     upgrades.require_active(settings, upgrade_key)
+    cluster.stop_empty_masters()  # an old group's, if the try that emptied it died first; an unused target's
     problems: list[str] = []
     with session_scope(settings.database_url) as s:
         run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
@@ -82,7 +81,8 @@ def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: 
         skipped = {m: p for m, p in phases.items() if p == roll.SKIPPED}
         for name in [m for m in members if m not in skipped]:
             m = s.get(Member, name)
-            if m is None or m.version != target or m.status != "ACTIVE" or not processes.is_ours(m.pid, m.pid_started):
+            running = m is not None and processes.is_running(m.pid, m.pid_started)
+            if m is None or m.version != target or m.status != "ACTIVE" or not running:
                 problems.append(f"member {name} is {m.status if m else 'gone'} at {m.version if m else '?'}")
         in_use = set(s.scalars(select(Member.version).where(Member.status != "STOPPED")))
         for master in s.scalars(select(Master).where(Master.status == "RUNNING")):

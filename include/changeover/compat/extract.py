@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from changeover.compat.describe_job import MARKER
 from changeover.errors import ChangeoverError
@@ -44,8 +45,11 @@ def in_runtime(settings: Settings, version: str, shipped: JobCode, entry: str, a
                *args, *(arg for key, value in confs.items() for arg in ("--conf", f"{key}={value}"))]
     with tempfile.TemporaryDirectory(prefix="changeover-py-files-") as loose:
         # the job's own --py-files, on the path as spark-submit puts them: a .py file by its folder, a zip as it is
-        extra = [str(f) for f in spark.py_files if Path(f).suffix != ".py"]
-        for f in spark.py_files:
+        # (a remote URI, hdfs:// or http://, only the drivers fetch: the check builds without it)
+        local = [urlparse(f).path if urlparse(f).scheme in ("file", "local") else f for f in spark.py_files
+                 if urlparse(f).scheme in ("", "file", "local")]
+        extra = [f for f in local if Path(f).suffix != ".py"]
+        for f in local:
             if not Path(f).exists():
                 raise ChangeoverError(f"py_files entry {f}", "no such file where the check runs",
                                       "give the path of a file this machine has, as spark-submit's --py-files")
