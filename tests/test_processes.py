@@ -16,9 +16,11 @@ print(child.pid, flush=True)
 time.sleep(300)
 """
 QUIET_LEADER = "import time; time.sleep(300)\n"
-LEADER_WITH_STUBBORN_CHILD = """import subprocess, sys, time
-subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                  "time.sleep(300)"])
+LEADER_WITH_STUBBORN_CHILD = """import pathlib, subprocess, sys, time
+ready = pathlib.Path(sys.argv[0]).with_name("ignoring")
+subprocess.Popen([sys.executable, "-c", "import pathlib, signal, sys, time; "
+                  "signal.signal(signal.SIGTERM, signal.SIG_IGN); pathlib.Path(sys.argv[1]).touch(); time.sleep(300)",
+                  str(ready)])
 time.sleep(300)
 """
 
@@ -49,8 +51,9 @@ def test_a_group_whose_leader_is_a_zombie_but_whose_child_runs_on_is_killed(tmp_
     parent, leader = _group(tmp_path, LEADER_WITH_STUBBORN_CHILD)
     try:
         deadline = time.monotonic() + 30
-        while len(processes.group_members(leader)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)  # polled with a deadline: the leader starts its child
+        while not (tmp_path / "ignoring").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # polled with a deadline: the child says once it ignores SIGTERM
+        assert (tmp_path / "ignoring").exists(), "the leader's child did not start"
         child = next(pid for pid in processes.group_members(leader) if pid != leader)
         ticks = processes.start_ticks(child)
 

@@ -50,7 +50,7 @@ def is_running(pid: int | None, ticks: str | None) -> bool:
 
 
 def stop_group(pid: int | None, ticks: str | None, timeout: float = 20.0) -> bool:
-    """SIGTERM the process group we started, then SIGKILL after a deadline. False if it was gone."""
+    """SIGTERM the process group we started, then SIGKILL what is left after a deadline. False if it was gone."""
     if not is_ours(pid, ticks):
         return False
     assert pid is not None
@@ -59,24 +59,23 @@ def stop_group(pid: int | None, ticks: str | None, timeout: float = 20.0) -> boo
     except ProcessLookupError:
         return False
     # The group outlives its leader while children (drivers, executors) shut down: wait for all of it.
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not is_ours(pid, ticks) or _is_zombie(pid):
-            _reap(pid)
-            if not _group_alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)  # nothing should be left; if anything is, it goes
-                return True
-        time.sleep(0.2)
+    _wait_gone(pid, timeout, interval=0.2)
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    gone = time.monotonic() + KILL_WAIT_SECONDS  # so what starts next in its place never races the dying group
-    while time.monotonic() < gone:
-        _reap(pid)
-        if not _group_alive(pid):
-            break
-        time.sleep(0.05)
+        os.killpg(pid, signal.SIGKILL)  # nothing should be left; if anything is, it goes
+    _wait_gone(pid, KILL_WAIT_SECONDS, interval=0.05)  # so what starts next in its place never races it
     return True
+
+
+def _wait_gone(pgid: int, seconds: float, interval: float) -> bool:
+    """Reap the leader if it is our child, and wait until no process of the group runs (zombies aside)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        _reap(pgid)
+        if not _group_alive(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
 
 
 def group_members(pgid: int) -> list[int]:

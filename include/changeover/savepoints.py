@@ -77,7 +77,7 @@ def _held(savepoint: Savepoint) -> bool:
         return False
     host, pid, ticks = savepoint.owner.split(":", 2)
     if host == socket.gethostname():
-        return processes.is_ours(int(pid), ticks)
+        return processes.is_running(int(pid), ticks)  # a builder dead but not yet reaped holds nothing
     return savepoint.lease_until is not None and as_utc(savepoint.lease_until) > utcnow()
 
 
