@@ -10,6 +10,7 @@ import pytest
 from changeover.compat.extract import describe_stages_of, shipped_code
 from changeover.errors import ChangeoverError
 from changeover.settings import Settings
+from conftest import ONE_REGISTRY
 
 JOB = '''
 from helper_queries import counts_of
@@ -39,6 +40,7 @@ def _job(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("database_url", ONE_REGISTRY, indirect=True)  # a check of Spark, not of the registry
 def test_a_module_shipped_with_py_files_is_importable_where_the_check_builds_the_job(settings: Settings,
                                                                                       tmp_path: Path) -> None:
     job, helper = _job(tmp_path)

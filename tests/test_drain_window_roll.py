@@ -12,8 +12,9 @@ from changeover.registry.db import session_scope
 from changeover.registry.models import Member
 from changeover.settings import Settings
 from changeover.windows import DrainWindow
+from conftest import ONE_REGISTRY
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("database_url", ONE_REGISTRY, indirect=True)]
 WINDOW = DrainWindow.parse("SUN 02:00-04:00")
 INSIDE = datetime(2026, 11, 22, 2, 30, tzinfo=UTC)  # a Sunday
 CLOSED = datetime(2026, 11, 22, 4, 1, tzinfo=UTC)

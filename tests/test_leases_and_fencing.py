@@ -399,18 +399,19 @@ def test_a_drain_keeps_a_job_whose_run_was_killed_during_it_and_not_one_killed_b
     assert not planned.done
 
 
-def test_a_drain_waits_for_a_moved_jobs_first_commit_on_its_new_run_for_a_bounded_time(settings: Settings) -> None:
+def test_a_drain_waits_for_a_moved_jobs_first_batch_on_its_new_run_for_a_bounded_time(settings: Settings) -> None:
     began = utcnow() - timedelta(minutes=5)
     with session_scope(settings.database_url) as s:
         s.add(Member(name="m1", version="4.2.0", host="127.0.1.1", status="DRAINING", drain_started_at=began))
-        for name, old_ended in (("fresh", utcnow()), ("quiet", utcnow() - timedelta(minutes=2))):
+        for name, old_ended in (("fresh", utcnow()), ("idle", utcnow()), ("stuck", utcnow() - timedelta(minutes=2))):
             _wanted_job(s, name, JobRun(spark_version="4.2.0", state="STOPPED", member="m1", ended_at=old_ended),
                         JobRun(spark_version="4.3.0", state="RUNNING", member="m3"))
 
-    # "quiet" has had no input since its move: its wait is over, so the member's restart is not held forever
-    assert drain.plan(settings, _DecommissionedMember(), "m1").handoff == ["fresh"]  # type: ignore[arg-type]
+    # "stuck" never finished a trigger after its move: its wait is over, so the member's restart is not held forever
+    assert drain.plan(settings, _DecommissionedMember(), "m1").handoff == ["fresh", "idle"]  # type: ignore[arg-type]
     with session_scope(settings.database_url) as s:
         s.get(JobRun, s.get(Job, "fresh").current_run_id).first_commit_at = utcnow()
+        s.get(JobRun, s.get(Job, "idle").current_run_id).first_trigger_at = utcnow()  # no input: nothing to commit
     assert drain.plan(settings, _DecommissionedMember(), "m1").handoff == []  # type: ignore[arg-type]
 
 

@@ -104,6 +104,22 @@ def test_the_guides_windowed_count_from_a_file_outside_the_checkout_moves_exact(
     jobs.cancel(live.settings, live.cluster, "guide", reason="test finished with it")
 
 
+def test_a_job_with_no_input_yet_reports_its_first_trigger_and_commits_nothing(live: Cluster, tmp_path: Path) -> None:
+    """What a drain waits on before restarting a member a job moved off: its first batch on the new run, or, for a
+    job with no input, its first trigger; either ends the wait (`drain._first_batch_pending`)."""
+    words = Words(tmp_path / "words")  # an empty folder
+    run = jobs.submit(live.settings, live.cluster, str(GUIDE_JOB), "idle",
+                      options={"words": str(words.folder), "output": str(tmp_path / "out")})
+    wait_for(lambda: jobs.observe(live.settings, live.cluster, run.id).first_trigger_at is not None, 240,
+             "the idle job's first trigger")
+    seen = jobs.observe(live.settings, live.cluster, run.id)
+    assert seen.state == "RUNNING" and seen.first_commit_at is None
+    words.write()
+    jobs.wait_until_committed(live.settings, live.cluster, "idle")
+    assert jobs.observe(live.settings, live.cluster, run.id).first_trigger_at == seen.first_trigger_at  # set once
+    jobs.cancel(live.settings, live.cluster, "idle", reason="test finished with it")
+
+
 def test_a_join_into_a_keyed_table_and_a_foreach_batch_job_move_exact_and_survive_a_kill(live: Cluster,
                                                                                         tmp_path: Path) -> None:
     generator = Generator(tmp_path / "landing")

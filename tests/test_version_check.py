@@ -10,8 +10,9 @@ from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun
 from changeover.runtimes import find_runtime, java_home
 from changeover.settings import Settings
+from conftest import ONE_REGISTRY
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("database_url", ONE_REGISTRY, indirect=True)]
 
 
 def test_mismatched_spark_version_is_refused_before_any_batch(settings: Settings, tmp_path: Path) -> None:

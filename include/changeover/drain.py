@@ -89,22 +89,23 @@ def jobs_on(settings: Settings, membership: Membership, member: str, since: date
     return found
 
 
-FIRST_COMMIT_WAIT_SECONDS = 60.0
+FIRST_BATCH_WAIT_SECONDS = 60.0
 
 
-def _first_commit_pending(settings: Settings, member: str, since: datetime | None) -> list[str]:
-    """Jobs moved off the member in this drain whose new run has not committed yet, for up to
-    FIRST_COMMIT_WAIT_SECONDS after their old run ended: the member's restart (a JVM start) waits for them, so it
-    does not compete for the cores with their first batch on the new version, which is the move's downtime. A job
-    without new input commits nothing, so the wait is bounded."""
+def _first_batch_pending(settings: Settings, member: str, since: datetime | None) -> list[str]:
+    """Jobs moved off the member in this drain whose new run has not yet finished its first trigger, for up to
+    FIRST_BATCH_WAIT_SECONDS after their old run ended: the member's restart (a JVM start) waits for them, so it
+    does not compete for the cores with their first batch on the new version, which is the move's downtime. A
+    first trigger that finds no new input ends the wait as a commit does; the bound is for a run that never gets
+    that far."""
     if since is None:
         return []
-    recent = max(as_utc(since), utcnow() - timedelta(seconds=FIRST_COMMIT_WAIT_SECONDS))
+    recent = max(as_utc(since), utcnow() - timedelta(seconds=FIRST_BATCH_WAIT_SECONDS))
     with session_scope(settings.database_url) as s:
         left = select(JobRun.job).where(JobRun.member == member, JobRun.ended_at >= recent)
         return list(s.scalars(select(Job.name).join(JobRun, JobRun.id == Job.current_run_id).where(
-            Job.name.in_(left), JobRun.first_commit_at.is_(None), JobRun.ended_at.is_(None),
-            or_(JobRun.member.is_(None), JobRun.member != member))))
+            Job.name.in_(left), JobRun.first_commit_at.is_(None), JobRun.first_trigger_at.is_(None),
+            JobRun.ended_at.is_(None), or_(JobRun.member.is_(None), JobRun.member != member))))
 
 
 def _killed_since(job: Job, run: JobRun, since: datetime | None) -> bool:
@@ -148,7 +149,7 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
                 result.cancel.append(job.name)
     if status == "DRAINING":
         result.handoff = sorted(({run.job for run in jobs.parked_runs_on(settings, membership, member)}
-                                 | set(_first_commit_pending(settings, member, started)))
+                                 | set(_first_batch_pending(settings, member, started)))
                                 - set(result.stopped) - set(result.stopping))
         result.decommissioned = membership.is_decommissioned(member)
         if result.decommissioned and not result.jobs_left:

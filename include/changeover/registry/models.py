@@ -98,6 +98,8 @@ class JobRun(Base):
     submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime | None]
     first_commit_at: Mapped[datetime | None]
+    # when every query had finished its first trigger: a batch committed, or found no new input
+    first_trigger_at: Mapped[datetime | None]
     last_commit_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]
     lease_until: Mapped[datetime | None]  # a parked run resumes by itself after this

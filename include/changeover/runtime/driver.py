@@ -167,6 +167,13 @@ class Driver:
                 run.ended_at = now
                 audit.record(s, "job.stop", "job", self.job, run=self.run_id, state=state, progress=progress)
 
+    def mark_first_trigger(self) -> None:
+        """Every query has finished a trigger since the start: a drain holding its member's restart for this
+        run's first batch can stop waiting, whether that batch had input or found none."""
+        with session_scope(self.url) as s:
+            s.execute(update(JobRun).where(JobRun.id == self.run_id, JobRun.first_trigger_at.is_(None))
+                      .values(first_trigger_at=utcnow()))
+
     def report_operators(self, spark: Any, checkpoint_root: Path, stages: list[str]) -> None:
         """Record each stage's stateful operators as Spark's `state-metadata` reader sees them.
 
@@ -266,6 +273,7 @@ class Driver:
                 self.report(seen, committed=False, state="STOPPED")
                 return True
         queries.start()
+        triggered = False
         described: set[str] = set()
         reported = time.monotonic()
         while True:
@@ -294,8 +302,12 @@ class Driver:
                 raise failure
             now = queries.committed()
             advanced = now != seen
-            if not took_over and (advanced or queries.have_run()):
-                took_over = patiently(partial(lease.take_over, self.url, self.job, self.run_id), self.registry)
+            if not (triggered and took_over) and (advanced or queries.have_run()):
+                if not triggered:
+                    patiently(self.mark_first_trigger, self.registry)
+                    triggered = True
+                if not took_over:
+                    took_over = patiently(partial(lease.take_over, self.url, self.job, self.run_id), self.registry)
             fresh = [n for n in names if n not in described and now[n] is not None]
             if spark is not None and fresh:
                 patiently(partial(self.report_operators, spark, checkpoint_root, fresh), self.registry)
