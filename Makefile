@@ -12,18 +12,14 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
 SOAK_RUNS ?= 3
 
-.PHONY: demo test test-long soak lint java chromium runtimes airflow-db clean
+.PHONY: demo test soak lint java chromium runtimes airflow-db clean
 
 demo: java $(VENV)/.installed runtimes airflow-db
 	$(BIN)/changeover demo
 
 test: java chromium $(VENV)/.installed runtimes airflow-db
 	$(BIN)/ruff check dags plugins include tests bench
-	$(BIN)/pytest -v -rs --durations=15 -m "not long"
-
-# Not in CI: slow cases whose logic CI covers elsewhere, kept out of `make test` for its time.
-test-long: java $(VENV)/.installed runtimes
-	$(BIN)/pytest -v -rs -m long
+	$(BIN)/pytest -v -rs --durations=15
 
 # Not in CI: the browser-triggered rolling upgrade through the real scheduler, SOAK_RUNS times in a row.
 soak: java chromium $(VENV)/.installed runtimes airflow-db

@@ -307,6 +307,40 @@ def _standby(settings: Settings, of: int) -> int:
         return run.id
 
 
+class _SparkWithoutExecutors:
+    """Stands in for a standby's session on a master with no free cores: its warm-up job never gets a task."""
+
+    def __init__(self) -> None:
+        self.released, self.cancelled = threading.Event(), False
+        self.sparkContext = self
+
+    def parallelize(self, *args: Any) -> Any:
+        self.released.wait(30)
+        raise RuntimeError("cancelled")
+
+    def cancelAllJobs(self) -> None:  # noqa: N802 - Spark's name
+        self.cancelled = True
+
+
+def test_a_standbys_own_ready_deadline_counts_from_its_launch(settings: Settings) -> None:
+    from changeover.runtime.driver import Driver
+
+    old = _job_with_parked_run(settings, lease_left=1)
+    standby = _standby(settings, old)
+    with session_scope(settings.database_url) as s:  # its session took almost the whole deadline to start
+        s.get(JobRun, standby).submitted_at = utcnow() - timedelta(seconds=lease.STANDBY_READY_SECONDS - 0.5)
+    spark = _SparkWithoutExecutors()
+    try:
+        assert Driver(settings, "clicks", standby).await_handoff(spark, []) is None
+    finally:
+        spark.released.set()
+    assert spark.cancelled
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, standby)
+        assert run.state == "STOPPED" and run.ended_at is not None
+        assert run.error.startswith(f"not ready within {lease.STANDBY_READY_SECONDS:.0f} s of its launch")
+
+
 def test_a_standby_waits_while_its_predecessor_runs_and_starts_once_handed_the_checkpoint(settings: Settings,
                                                                                             tmp_path) -> None:
     old = _job_with_parked_run(settings, lease_left=1)

@@ -236,7 +236,6 @@ def test_resuming_an_older_savepoint_rewinds_the_sink_and_ends_exact(live: Live)
     assert writers == {run.id}
 
 
-@pytest.mark.long  # every move restores its stages by matching name
 def test_stage_rule_matching_name_is_restored(live: Live) -> None:
     sp = savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
     live.launch("same-stages", savepoint="clicks/rules")
@@ -246,7 +245,6 @@ def test_stage_rule_matching_name_is_restored(live: Live) -> None:
     live.stop("same-stages")
 
 
-@pytest.mark.long  # the driver's refusal is test_compat_matrix's
 def test_stage_rule_state_of_a_removed_stage_is_refused_unless_allowed(live: Live) -> None:
     savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
     run = live.launch("totals-only", savepoint="clicks/rules", stages=["totals"])
@@ -261,7 +259,6 @@ def test_stage_rule_state_of_a_removed_stage_is_refused_unless_allowed(live: Liv
     live.stop("totals-only")
 
 
-@pytest.mark.long  # kept out of CI for make test's time
 def test_stage_rule_a_new_stage_starts_empty(live: Live) -> None:
     live.launch("small", stages=["totals"])
     jobs.wait_until_committed(live.settings, live.cluster, "small")

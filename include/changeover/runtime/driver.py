@@ -29,6 +29,7 @@ from changeover.registry.models import Job, JobRun, utcnow
 from changeover.runtime.contract import JobContext, Stage
 from changeover.runtime.queries import StageQueries
 from changeover.settings import Settings
+from changeover.timeutil import as_utc
 
 log = logging.getLogger("changeover.driver")
 LOOP_SECONDS = 0.2
@@ -167,6 +168,12 @@ class Driver:
                 run.ended_at = now
                 audit.record(s, "job.stop", "job", self.job, run=self.run_id, state=state, progress=progress)
 
+    def seconds_since_launch(self) -> float:
+        with session_scope(self.url) as s:
+            run = s.get(JobRun, self.run_id)
+            assert run is not None
+            return (utcnow() - as_utc(run.submitted_at)).total_seconds()
+
     def mark_first_trigger(self) -> None:
         """Every query has finished a trigger since the start: a drain holding its member's restart for this
         run's first batch can stop waiting, whether that batch had input or found none."""
@@ -216,9 +223,11 @@ class Driver:
         """A warm standby: with the job built, warm the executors and the streaming engine, say so, then wait for
         the predecessor's checkpoint. Returns (the restored checkpoint root, the stage plans), or None when
         dismissed: then it has run no query and written nothing."""
-        if not warm_up(spark, lease.STANDBY_READY_SECONDS):
+        # the orchestrator's deadline runs from the launch, so this one does too: the session's start counts
+        if not warm_up(spark, lease.STANDBY_READY_SECONDS - patiently(self.seconds_since_launch, self.registry)):
             patiently(partial(lease.end_standby, self.url, self.job, self.run_id, "not ready within "
-                              f"{lease.STANDBY_READY_SECONDS:.0f} s: no executor ran its warm-up"), self.registry)
+                              f"{lease.STANDBY_READY_SECONDS:.0f} s of its launch: no executor ran its warm-up"),
+                      self.registry)
             return None
         plans = self.describe(spark, stages)
         if not patiently(partial(lease.mark_ready, self.url, self.run_id, plans), self.registry):
@@ -354,7 +363,7 @@ def warm_up(spark: Any, seconds: float) -> bool:
             finished.set()
 
     threading.Thread(target=run, name="changeover-warm-up", daemon=True).start()
-    if finished.wait(seconds):
+    if finished.wait(max(seconds, 0.0)):
         return True
     spark.sparkContext.cancelAllJobs()
     return False
