@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import signal
+import sys
 import time
 from typing import Any
 
@@ -10,7 +12,7 @@ from jobs import clicks
 from rich.console import Console
 from sqlalchemy import select
 
-from changeover import jobs, local_airflow, moves
+from changeover import jobs, local_airflow, moves, verify
 from changeover.cluster import LocalCluster, wait_for
 from changeover.generator import Generator
 from changeover.registry.db import forget_engines, session_scope
@@ -27,6 +29,7 @@ console = Console(soft_wrap=True)
 
 def run_demo(keep_airflow: bool = False) -> int:
     started = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the Airflow and Spark it started
     settings = Settings.from_env()
     java_home()
     for version in (FROM_VERSION, TO_VERSION):
@@ -57,11 +60,12 @@ def run_demo(keep_airflow: bool = False) -> int:
         jobs.submit(settings, cluster, "jobs.adhoc_scan", "adhoc_scan", fault_tolerant=False, shutdown_timeout=10)
         wait_for(lambda: all(_placed(settings, cluster, j) for j in ("nightly_report", "adhoc_scan")), 240,
                  "the batch jobs starting")
-        order = _drain_order(settings, cluster)
         for row in jobs.list_jobs(settings):
             console.print(f"  {row['name']:<15} {row['state']:<9} on {row['member']} at Spark {row['version']}")
-        console.rule(f"4. rolling_upgrade to {TO_VERSION}, members in order {order}, triggered as the UI does")
-        conf = {"target_version": TO_VERSION, "members": order, "shutdown_timeout": 30}
+        console.rule(f"4. rolling_upgrade to {TO_VERSION}, triggered as the UI does; its plan:")
+        for line in verify.preflight(settings, cluster, TO_VERSION, MEMBERS, "demo", dry_run=True).moves.describe():
+            console.print(f"  {line}")
+        conf = {"target_version": TO_VERSION, "members": MEMBERS, "shutdown_timeout": 30}
         run_id = airflow.trigger("rolling_upgrade", conf)
         console.print(f"  run {run_id}: watch it at {airflow.url}/dags/rolling_upgrade/runs/{run_id}")
         state = airflow.follow("rolling_upgrade", run_id, timeout=1800, on_change=_print_task)
@@ -102,12 +106,6 @@ def _placed(settings: Settings, cluster: LocalCluster, job: str) -> bool:
     return run.state == "RUNNING" and run.member is not None
 
 
-def _drain_order(settings: Settings, cluster: LocalCluster) -> list[str]:
-    """Drain the blocking job's member first, so the demo shows the drain waiting for it."""
-    first = [_run(settings, cluster, j).member for j in ("nightly_report", "adhoc_scan")]
-    return list(dict.fromkeys([m for m in first if m] + MEMBERS))
-
-
 def _summary(settings: Settings, cluster: LocalCluster, generator: Generator, wall: float) -> int:
     status = cluster.status()
     with session_scope(settings.database_url) as s:
@@ -121,12 +119,14 @@ def _summary(settings: Settings, cluster: LocalCluster, generator: Generator, wa
         console.print(f"savepoint {sp.subject}: {sp.details['size_bytes']:,} bytes, batches {sp.details['stages']}")
     for line in _drain_outcomes(events):
         console.print(line)
-    made = moves.of(settings, "clicks")
-    for move in made:
-        console.print(move.describe())
-    downtimes = [m.downtime for m in made if m.downtime is not None]
-    console.print(f"clicks: {len(made)} move{'s' if len(made) != 1 else ''}, downtime total {sum(downtimes):.1f} s, "
-                  f"longest {max(downtimes, default=0):.1f} s")
+    downtimes: list[float] = []
+    for row in jobs.list_jobs(settings):
+        made = moves.of(settings, row["name"])
+        for move in made:
+            console.print(f"  {move.describe()}")
+        downtimes += [m.downtime for m in made if m.downtime is not None]
+        console.print(f"job {row['name']}: {len(made)} move{'s' if len(made) != 1 else ''}, now {row['state']}")
+    console.print(f"downtime total {sum(downtimes):.1f} s over every move, longest {max(downtimes, default=0):.1f} s")
     console.print(f"total wall time: {wall:.0f} s")
     totals, windows = clicks.results(settings.database_url, "clicks")
     wrong_windows = {k: v for k, v in windows.items() if generator.window_truth.get(k) != v}

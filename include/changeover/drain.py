@@ -41,7 +41,9 @@ class DrainPlan:
     cancel: list[str] = field(default_factory=list)
     handoff: list[str] = field(default_factory=list)  # moved, with the old run parked here until its successor writes
     decommissioned: bool = False
-    executors: int = 0
+    executors: int = 0  # executors still on the decommissioned worker, within their grace
+    executor_grace: float | None = None  # seconds left before the member's restart may end them
+    executors_left: int = 0  # past their grace: the restart ends them, and their drivers rerun their tasks
 
     @property
     def jobs_left(self) -> bool:
@@ -153,8 +155,31 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
                                 - set(result.stopped) - set(result.stopping))
         result.decommissioned = membership.is_decommissioned(member)
         if result.decommissioned and not result.jobs_left:
-            result.executors = membership.executors_on(member)
+            count = membership.executors_on(member)
+            left = _executor_grace_left(settings, member, started, shutdown_timeout, now) if count else 0.0
+            if left > 0:
+                result.executors, result.executor_grace = count, round(left, 1)
+            else:
+                result.executors_left = count
     return result
+
+
+EXECUTOR_GRACE_SECONDS = 30
+
+
+def _executor_grace_left(settings: Settings, member: str, since: datetime | None, shutdown_timeout: int | None,
+                         now: datetime) -> float:
+    """Seconds the member's restart still waits for executors of other members' drivers to leave its decommissioned
+    worker. They leave once idle, but Spark misses one that registers with its driver just after the decommission
+    (the master had placed it a moment before): it would run tasks there for as long as its application lives.
+    Past the grace, the restart ends it and its driver reruns its tasks elsewhere; nothing is lost."""
+    with session_scope(settings.database_url) as s:
+        decommissioned = s.scalar(select(func.max(Event.at)).where(
+            Event.action == "member.decommission", Event.subject == member,
+            *([Event.at >= since] if since else [])))
+    begun = as_utc(decommissioned or since or now)
+    grace = shutdown_timeout if shutdown_timeout is not None else EXECUTOR_GRACE_SECONDS
+    return grace - (now - begun).total_seconds()
 
 
 def step(
@@ -191,7 +216,8 @@ def step(
             assert row is not None
             waited = (utcnow() - as_utc(row.drain_started_at)).total_seconds() if row.drain_started_at else 0.0
             row.status = "DRAINED"
-            audit.record(s, "drain.complete", "member", member, seconds=round(waited, 1))
+            audit.record(s, "drain.complete", "member", member, seconds=round(waited, 1),
+                         **({"executors_left": after.executors_left} if after.executors_left else {}))
         after.status = "DRAINED"
     return after
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from sqlalchemy import select
 
@@ -95,8 +96,7 @@ class MovePlan:
         for job, versions in sorted(self.moves.items()):
             count = len(versions) - 1
             lines.append(f"  job {job}: {' -> '.join(versions)} ({count} move{'s' if count != 1 else ''})")
-            for (before, after), why in zip(zip(versions, versions[1:], strict=False), self.cold.get(job, []),
-                                            strict=False):
+            for (before, after), why in zip(pairwise(versions), self.cold.get(job, []), strict=False):
                 how = (f"cold: {why}" if why else f"warm if the {after} group then has {CORES_PER_JOB} free cores "
                        "for its standby, else cold")
                 lines.append(f"    {before} -> {after}: {how}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 from sqlalchemy import select
@@ -54,7 +55,7 @@ def preflight(
         old = {n: rows[n].version for n in todo}
     moves = placement.plan_moves(settings, target, todo)
     moves = replace(moves, cold={job: [warm.planned_cold_reason(settings, job, before, after)
-                                       for before, after in zip(versions, versions[1:], strict=False)]
+                                       for before, after in pairwise(versions)]
                                  for job, versions in moves.moves.items()})
     todo = moves.order
     # observed before the upgrade begins, so a run found ended now is not counted as ended during it
