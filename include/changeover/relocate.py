@@ -74,10 +74,9 @@ def step(
                          "from its checkpoint, cold")
         root = jobs.new_checkpoint_root(settings, job_name)
         jobs.continue_from(settings, membership, run, root)
-        if desired == "MOVE":
-            jobs.launch(settings, membership, job_name, target_version, root, continues_move=run.id)
-        else:
-            jobs.launch(settings, membership, job_name, target_version, root, continues_run=run.id)
+        moving = desired == "MOVE"  # the launch refuses if someone stopped the move, or the run, meanwhile
+        jobs.launch(settings, membership, job_name, target_version, root,
+                    continues_move=run.id if moving else None, continues_run=None if moving else run.id)
         return True
     raise ChangeoverError(f"move of job {job_name}", f"its run {run.id} ended as {run.state}",
                           f"resume it from its newest savepoint: `changeover submit {job_name} --from-savepoint NAME`")
