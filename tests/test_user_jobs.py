@@ -20,6 +20,7 @@ from changeover.errors import ChangeoverError
 from changeover.generator import Generator
 from changeover.registry.db import session_scope
 from changeover.registry.models import SinkLedger
+from changeover.runtime import KeyedTable
 from changeover.runtime.sinks.files import LOG
 from changeover.settings import Settings
 from changeover.spark_settings import SparkSettings
@@ -29,6 +30,7 @@ from jobs import click_audit, click_joins, clicks
 from sqlalchemy import func, select
 
 pytestmark = pytest.mark.slow
+USER_JOBS = Path(__file__).parent / "user_jobs"
 
 
 @dataclass
@@ -186,13 +188,54 @@ def test_a_standby_killed_before_the_hand_over_leaves_the_job_running_and_the_mo
     jobs.cancel(live.settings, live.cluster, "fallback", reason="test finished with it")
 
 
+def test_a_standby_failing_after_the_hand_over_hands_the_job_back_to_its_parked_run_exact(live: Cluster,
+                                                                                        tmp_path: Path) -> None:
+    """A warm move's fallback after the handoff: the standby on 4.3.0 gets ready (its warm-up is not the job's
+    code), is handed the restored checkpoint, and its first batch fails there. The parked 4.2.0 run takes the job
+    back at once, from the batch of the savepoint, and the job ends exact."""
+    generator = Generator(tmp_path / "landing")
+    generator.write_file()
+    generator.start(interval=0.5)
+    try:
+        first = jobs.submit(live.settings, live.cluster, str(USER_JOBS / "breaks_on_new_spark.py"), "handback",
+                            options={"landing": str(generator.landing), "broken_on": "4.3.0"})
+        jobs.wait_until_committed(live.settings, live.cluster, "handback")
+        wait_for(lambda: relocate.step(live.settings, live.cluster, "handback", "4.3.0", reason="upgrade"), 300,
+                 "handback handed to its standby on 4.3.0")
+        handed = [e.details for e in audit.find(live.settings.database_url, job="handback")
+                  if e.action == "job.hand_over"]
+        assert len(handed) == 1 and handed[0]["replaces"] == first.id and handed[0]["version"] == "4.3.0", handed
+        standby = int(handed[0]["run"])
+        wait_for(lambda: jobs.observe(live.settings, live.cluster, standby).ended_at is not None, 240,
+                 "the standby failing on its first batch on 4.3.0")
+        assert jobs.observe(live.settings, live.cluster, standby).state == "FAILED"
+        wait_for(lambda: _current(live, "handback") == (first.id, "RUNNING"), 120,
+                 "the parked run taking the job back")
+        jobs.wait_until_committed(live.settings, live.cluster, "handback")
+    finally:
+        generator.stop()
+    truth = dict(generator.truth)
+    table = KeyedTable(live.settings.database_url, "handback_totals", keys=("key",))
+    wait_for(lambda: {r["key"]: int(r["count"]) for r in table.read()} == truth, 300,
+             "job handback catching up with every generated file on 4.2.0")
+    assert moves.of(live.settings, "handback") == []  # the failed standby never took the job over
+    unparked = [e.details for e in audit.find(live.settings.database_url, job="handback") if e.action == "job.unpark"]
+    assert unparked and unparked[-1]["successor"] == standby, unparked
+    jobs.cancel(live.settings, live.cluster, "handback", reason="test finished with it")
+
+
+def _current(live: Cluster, job: str) -> tuple[int, str] | None:
+    run = jobs.refresh(live.settings, live.cluster, job)
+    return None if run is None else (run.id, run.state)
+
+
 def test_an_unchanged_script_runs_as_a_batch_job_with_its_own_spark_settings(live: Cluster, tmp_path: Path) -> None:
     jar = tmp_path / "marker.jar"
     with zipfile.ZipFile(jar, "w") as archive:
         archive.writestr("changeover-marker.txt", "shipped")
     spark = SparkSettings(executor_cores=1, executor_memory="640m", shuffle_partitions=7,
                           extra_confs={"spark.changeover.test.marker": "on"}, jars=(str(jar),))
-    jobs.submit(live.settings, live.cluster, str(Path(__file__).parent / "user_jobs" / "report_settings.py"),
+    jobs.submit(live.settings, live.cluster, str(USER_JOBS / "report_settings.py"),
                 "settings-report", fault_tolerant=False, options={"spark": asdict(spark)})
     wait_for(lambda: jobs.refresh(live.settings, live.cluster, "settings-report").state == "FINISHED", 240,
              "the script running to its end")
