@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from changeover import audit, drain, jobs, lease, roll, upgrades, verify, warm
+from changeover import audit, drain, jobs, lease, relocate, roll, upgrades, verify, warm
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
@@ -20,7 +20,7 @@ from changeover.runtime.fence import Fenced, hold
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.windows import DrainWindow
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 
 def write_batch(settings: Settings, run_id: int, batch: int = 5) -> None:
@@ -214,6 +214,32 @@ def test_a_parked_run_never_reclaims_from_a_later_run_that_took_over(settings: S
     assert lease.decide(settings.database_url, "clicks", old) == "exit"
 
 
+def test_a_successor_that_claimed_an_unfenced_sink_is_waited_for_and_hands_back_if_it_ends_first(
+    settings: Settings,
+) -> None:
+    """A files sink cannot be fenced: the successor claims the job before its first batch. The parked run then never
+    reclaims it by its lease while the successor lives (both would write the sink), exits once the successor's first
+    batch is done, and takes the job back when the successor ends before it."""
+    old = _job_with_parked_run(settings, lease_left=0)  # its lease is out already
+    claimed = _successor(settings)
+    assert lease.claim(settings.database_url, "clicks", claimed)
+    assert lease.decide(settings.database_url, "clicks", old) == "wait"
+    assert not lease.claim(settings.database_url, "clicks", old)  # only the job's current run claims it
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, claimed).state, s.get(JobRun, claimed).ended_at = "FAILED", utcnow()
+    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    with session_scope(settings.database_url) as s:
+        assert s.get(Job, "clicks").current_run_id == old
+    assert [r.id for r in relocate.failed_tries(settings, "clicks", utcnow() - timedelta(hours=1))] == [claimed]
+
+    lease.park(settings.database_url, "clicks", old, {"totals": 5}, seconds=0)  # moved again: this one gets through
+    second = _successor(settings)
+    assert lease.claim(settings.database_url, "clicks", second)
+    assert lease.decide(settings.database_url, "clicks", old) == "wait"
+    assert lease.take_over(settings.database_url, "clicks", second)  # its first batch is done
+    assert lease.decide(settings.database_url, "clicks", old) == "exit"
+
+
 def test_the_fence_waits_for_a_lease_decision_in_flight(settings: Settings) -> None:
     """The sink's fence and a lease decision take the same lock: a writer waits while it is held."""
     old = _job_with_parked_run(settings, lease_left=3600)
@@ -350,7 +376,7 @@ def test_a_standby_waits_while_its_predecessor_runs_and_starts_once_handed_the_c
     assert [j["standby"] for j in jobs.list_jobs(settings)] == [f"run {standby} on its master at 4.3.0, ready"]
     assert lease.standby_turn(settings.database_url, "clicks", standby) == "wait"
     assert warm.hand_over(settings, "clicks", standby, old, 1, tmp_path / "restored", "drain-m1-run1-stop1")
-    lease.end_standby(settings.database_url, "clicks", standby, "its own deadline, a moment too late")  # no effect
+    assert not lease.end_standby(settings.database_url, "clicks", standby, "its own deadline, a moment too late")
     assert not jobs.dismiss_standby(settings, None, standby, "a restart's dismissal, too late")  # type: ignore[arg-type]
     assert lease.standby_turn(settings.database_url, "clicks", standby) == "start"
     assert [(j["run"], j["standby"]) for j in jobs.list_jobs(settings)] == [(standby, None)]  # it is the job's run
@@ -383,6 +409,39 @@ def test_a_hand_over_is_refused_once_the_parked_run_resumed_and_skipped_for_an_e
         warm.hand_over(settings, "clicks", other, old, 1, tmp_path, "sp")
     with session_scope(settings.database_url) as s:
         assert s.get(Job, "clicks").current_run_id == old
+
+
+def test_a_users_stop_between_the_park_and_the_hand_over_stands(settings: Settings, tmp_path) -> None:
+    """The job parked for its move and its savepoint is being restored when a user stops it: neither the warm
+    hand-over nor a cold successor may then turn it back into a running job."""
+    old = _job_with_parked_run(settings, lease_left=3600)
+    standby = _standby(settings, old)
+    assert lease.mark_ready(settings.database_url, standby, None)
+    with session_scope(settings.database_url) as s:
+        s.get(Job, "clicks").desired = "STOP"  # what `changeover stop` writes
+    with pytest.raises(ChangeoverError, match="no longer asked to move"):
+        warm.hand_over(settings, "clicks", standby, old, 1, tmp_path, "sp")
+    with pytest.raises(ChangeoverError, match="no longer asked to move"):
+        jobs.launch(settings, _MasterAt("4.3.0"), "clicks", "4.3.0", tmp_path, from_savepoint="sp",  # type: ignore[arg-type]
+                    replaces_run=old, replaces_park=1)
+    with session_scope(settings.database_url) as s:
+        assert (s.get(Job, "clicks").current_run_id, s.get(Job, "clicks").desired) == (old, "STOP")
+        assert s.scalar(select(func.count()).select_from(JobRun)) == 2  # no successor row was added
+    assert lease.decide(settings.database_url, "clicks", old) == "exit"  # the user's stop ends the parked run
+    assert lease.standby_turn(settings.database_url, "clicks", standby) == "dismissed"
+
+
+class _MasterAt:
+    """Only what a launch asks before it touches the registry: the master's version (no Spark here)."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    def master(self, version: str) -> _MasterAt:
+        return self
+
+    def server_version(self) -> str:
+        return self.version
 
 
 def test_a_standby_leaves_when_its_predecessor_is_no_longer_the_jobs_run(settings: Settings) -> None:

@@ -4,7 +4,7 @@ the moves through real drivers; here the members and runs are registry rows."""
 
 from __future__ import annotations
 
-from changeover import placement, roll, upgrades, verify, warm
+from changeover import drain, placement, roll, upgrades, verify, warm
 from changeover.cluster import LocalCluster
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Master, Member
@@ -72,6 +72,44 @@ def test_a_moved_job_goes_to_the_target_once_it_has_a_member_though_the_old_grou
     assert placement.upgrade_destination(settings, ["m1"], "run-1") == "4.3.0"
     # A drain outside an upgrade keeps the seeds' largest-group rule.
     assert placement.upgrade_destination(settings, ["m1"], None) == "4.2.0"
+
+
+def test_a_job_whose_standby_waits_on_the_target_keeps_it_though_the_standby_fills_the_target(
+    settings: Settings,
+) -> None:
+    """The target's only member shows no free core once the standbys are on it: the jobs whose standby waits there
+    still go there (warm), and a job without one goes to the largest group now rather than queue for cores."""
+    _members(settings, ("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.2.0"), ("m4", "4.2.0"))
+    _job_on(settings, "a", "m1")
+    _job_on(settings, "b", "m1")
+    _job_on(settings, "c", "m1")
+    upgrades.begin(settings, "run-3", "4.3.0", dict.fromkeys(["m1", "m2", "m3", "m4"], "4.2.0"))
+    roll.start(settings, "run-3", ["m4", "m1", "m2", "m3"])
+    _set(settings, "m4", "4.3.0")
+    _set(settings, "m1", "4.2.0", "DRAINING")
+    with session_scope(settings.database_url) as s:
+        for job, version in (("a", "4.3.0"), ("b", "4.2.1")):  # b's standby is on another group: not kept
+            run = s.get(Job, job).current_run_id
+            s.add(JobRun(job=job, spark_version=version, master_url="spark://y", state="STANDBY", standby_of=run,
+                         progress={}))
+    full = _Masters(free={"127.0.1.4": 0})
+
+    assert drain.destinations(settings, full, ["a", "b", "c"], "run-3") == {"a": "4.3.0", "b": "4.2.0", "c": "4.2.0"}
+    room = _Masters(free={"127.0.1.4": 2})
+    assert drain.destinations(settings, room, ["a", "b", "c"], "run-3") == dict.fromkeys("abc", "4.3.0")
+
+
+class _Masters:
+    """Stands in for the masters' JSON (the free cores per worker host): no Spark runs in these registry tests."""
+
+    def __init__(self, free: dict[str, int]) -> None:
+        self.free = free
+
+    def master(self, version: str) -> _Masters:
+        return self
+
+    def alive_workers(self) -> list[dict[str, object]]:
+        return [{"host": host, "coresfree": cores} for host, cores in self.free.items()]
 
 
 def test_a_partial_upgrade_keeps_moved_jobs_on_the_group_that_stays_largest(settings: Settings) -> None:

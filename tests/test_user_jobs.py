@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import shutil
 import zipfile
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from changeover import audit, jobs, moves, relocate, savepoints, warm
 from changeover.cluster import LocalCluster, wait_for
@@ -21,7 +23,7 @@ from changeover.generator import Generator
 from changeover.registry.db import session_scope
 from changeover.registry.models import SinkLedger
 from changeover.runtime import KeyedTable
-from changeover.runtime.sinks.files import LOG
+from changeover.runtime.sinks.files import LOG, log_entries
 from changeover.settings import Settings
 from changeover.spark_settings import SparkSettings
 from conftest import ONE_REGISTRY, registry_settings
@@ -188,40 +190,52 @@ def test_a_standby_killed_before_the_hand_over_leaves_the_job_running_and_the_mo
     jobs.cancel(live.settings, live.cluster, "fallback", reason="test finished with it")
 
 
+@pytest.mark.parametrize("sink", ["keyed_table", "files"])
 def test_a_standby_failing_after_the_hand_over_hands_the_job_back_to_its_parked_run_exact(live: Cluster,
-                                                                                        tmp_path: Path) -> None:
+                                                                                        tmp_path: Path,
+                                                                                        sink: str) -> None:
     """A warm move's fallback after the handoff: the standby on 4.3.0 gets ready (its warm-up is not the job's
     code), is handed the restored checkpoint, and its first batch fails there. The parked 4.2.0 run takes the job
-    back at once, from the batch of the savepoint, and the job ends exact."""
+    back at once, from the batch of the savepoint, and the job ends exact: through the keyed table's fence, and
+    through a files sink, which cannot be fenced, so the standby claimed the job before its first batch."""
+    job, output = f"handback_{sink}", tmp_path / "out"
+    options = {"landing": str(tmp_path / "landing"), "broken_on": "4.3.0"}
+    if sink == "files":
+        options["output"] = str(output)
     generator = Generator(tmp_path / "landing")
     generator.write_file()
     generator.start(interval=0.5)
     try:
-        first = jobs.submit(live.settings, live.cluster, str(USER_JOBS / "breaks_on_new_spark.py"), "handback",
-                            options={"landing": str(generator.landing), "broken_on": "4.3.0"})
-        jobs.wait_until_committed(live.settings, live.cluster, "handback")
-        wait_for(lambda: relocate.step(live.settings, live.cluster, "handback", "4.3.0", reason="upgrade"), 300,
-                 "handback handed to its standby on 4.3.0")
-        handed = [e.details for e in audit.find(live.settings.database_url, job="handback")
-                  if e.action == "job.hand_over"]
+        first = jobs.submit(live.settings, live.cluster, str(USER_JOBS / "breaks_on_new_spark.py"), job,
+                            options=options)
+        jobs.wait_until_committed(live.settings, live.cluster, job)
+        wait_for(lambda: relocate.step(live.settings, live.cluster, job, "4.3.0", reason="upgrade"), 300,
+                 f"{job} handed to its standby on 4.3.0")
+        handed = [e.details for e in audit.find(live.settings.database_url, job=job) if e.action == "job.hand_over"]
         assert len(handed) == 1 and handed[0]["replaces"] == first.id and handed[0]["version"] == "4.3.0", handed
         standby = int(handed[0]["run"])
         wait_for(lambda: jobs.observe(live.settings, live.cluster, standby).ended_at is not None, 240,
                  "the standby failing on its first batch on 4.3.0")
         assert jobs.observe(live.settings, live.cluster, standby).state == "FAILED"
-        wait_for(lambda: _current(live, "handback") == (first.id, "RUNNING"), 120,
-                 "the parked run taking the job back")
-        jobs.wait_until_committed(live.settings, live.cluster, "handback")
+        wait_for(lambda: _current(live, job) == (first.id, "RUNNING"), 120, "the parked run taking the job back")
     finally:
         generator.stop()
-    truth = dict(generator.truth)
-    table = KeyedTable(live.settings.database_url, "handback_totals", keys=("key",))
-    wait_for(lambda: {r["key"]: int(r["count"]) for r in table.read()} == truth, 300,
-             "job handback catching up with every generated file on 4.2.0")
-    assert moves.of(live.settings, "handback") == []  # the failed standby never took the job over
-    unparked = [e.details for e in audit.find(live.settings.database_url, job="handback") if e.action == "job.unpark"]
+    if sink == "files":
+        seqs = Counter(f * 1000 + i for f in range(generator.files) for i in range(generator.events_per_file))
+        wait_for(lambda: _written_seqs(output) == seqs, 300, f"job {job} writing every event once on 4.2.0")
+    else:
+        table = KeyedTable(live.settings.database_url, f"{job}_totals", keys=("key",))
+        wait_for(lambda: {r["key"]: int(r["count"]) for r in table.read()} == dict(generator.truth), 300,
+                 f"job {job} catching up with every generated file on 4.2.0")
+    assert moves.of(live.settings, job) == []  # the failed standby never took the job over
+    unparked = [e.details for e in audit.find(live.settings.database_url, job=job) if e.action == "job.unpark"]
     assert unparked and unparked[-1]["successor"] == standby, unparked
-    jobs.cancel(live.settings, live.cluster, "handback", reason="test finished with it")
+    jobs.cancel(live.settings, live.cluster, job, reason="test finished with it")
+
+
+def _written_seqs(output: Path) -> Counter[int]:
+    """Every event in the files the sink's log lists: what a reader of the output sees, partial files aside."""
+    return Counter(seq for file in log_entries(output / LOG) for seq in pq.read_table(file).column("seq").to_pylist())
 
 
 def _current(live: Cluster, job: str) -> tuple[int, str] | None:

@@ -196,8 +196,7 @@ def step(
         return current  # another member's drain began first
     _refuse_failed_moves(settings, current, upgrade_key)
     if current.save:
-        target = placement.upgrade_destination(settings, _not_serving(settings), upgrade_key, membership)
-        _move(settings, membership, member, current.save, target, upgrade_key)
+        _move(settings, membership, member, current.save, upgrade_key)
     for name in current.cancel:
         jobs.cancel(settings, membership, name, reason=f"drain of {member}: shutdown_timeout ran out")
         _record(settings, "drain.cancelled", member, name)
@@ -207,8 +206,7 @@ def step(
         after = plan(settings, membership, member, shutdown_timeout)
     if after.decommissioned and after.stopped:  # decommissioned first, so a resumed driver cannot land here
         faults.point(settings, "drain.after_stop")
-        target = placement.upgrade_destination(settings, _not_serving(settings), upgrade_key, membership)
-        _move(settings, membership, member, after.stopped, target, upgrade_key)
+        _move(settings, membership, member, after.stopped, upgrade_key)
         after = plan(settings, membership, member, shutdown_timeout)
     if current.status != "ACTIVE" and after.decommissioned and after.executors == 0 and not after.jobs_left:
         with session_scope(settings.database_url) as s:
@@ -228,20 +226,40 @@ def _warming(settings: Settings, membership: Membership, run: JobRun) -> bool:
     return standby is not None and warm.warming(standby)
 
 
-def _move(settings: Settings, membership: Membership, member: str, names: list[str], target: str,
-          upgrade_key: str | None) -> None:
+def _move(settings: Settings, membership: Membership, member: str, names: list[str], upgrade_key: str | None) -> None:
     """The next step of each job's move (`relocate.step`): one job that cannot move does not hold back the others."""
+    targets = destinations(settings, membership, names, upgrade_key)
     refused: list[ChangeoverError] = []
     for name in names:
         try:
-            if relocate.step(settings, membership, name, target, reason=f"drain-{member}", avoid_member=member,
-                             upgrade_key=upgrade_key):
-                _record(settings, "drain.saved", member, name, resumed_on=target)
+            if relocate.step(settings, membership, name, targets[name], reason=f"drain-{member}",
+                             avoid_member=member, upgrade_key=upgrade_key):
+                _record(settings, "drain.saved", member, name, resumed_on=targets[name])
         except ChangeoverError as exc:
             refused.append(exc)
     if refused:
         raise ChangeoverError(f"drain of member {member}", "; ".join(str(e) for e in refused),
                               "fix or resume those jobs as said, then retry the task")
+
+
+def destinations(settings: Settings, membership: Membership, names: list[str],
+                 upgrade_key: str | None) -> dict[str, str]:
+    """Where each job leaving the member goes. A job whose standby already waits on the upgrade's final group keeps
+    that group: the standby's own cores must not make it look full, which would dismiss the standby and send the job
+    to the old version, cold, to move again later."""
+    exclude = _not_serving(settings)
+    target = placement.upgrade_destination(settings, exclude, upgrade_key, membership)
+    final = placement.upgrade_destination(settings, exclude, upgrade_key)  # the same, its free cores aside
+    if final == target:
+        return dict.fromkeys(names, target)
+    return {name: final if _standby_version(settings, membership, name) == final else target for name in names}
+
+
+def _standby_version(settings: Settings, membership: Membership, job_name: str) -> str | None:
+    with session_scope(settings.database_url) as s:
+        run_id = jobs.get_job(s, job_name).current_run_id
+    standby = warm.standby_of(settings, membership, run_id) if run_id is not None else None
+    return standby.spark_version if standby is not None else None
 
 
 def _begin(settings: Settings, current: DrainPlan) -> bool:

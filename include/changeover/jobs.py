@@ -181,7 +181,8 @@ def launch(
 
     replaces_run: the parked run this launch succeeds. The launch is refused if that run has meanwhile
     reclaimed the job (its lease ran out), or stopped again since (replaces_park, its park count then), so
-    that a late orchestrator never fences a live run nor starts from a stale savepoint. The replaced run's
+    that a late orchestrator never fences a live run nor starts from a stale savepoint; and refused once the job
+    is no longer asked to move (a user's stop or a withdrawn move that came after its park stands). The replaced run's
     lease then counts from this launch: the successor's start is not charged to it.
     continues_move: the run, ended on its way to a move, that this launch continues; refused if the job is no
     longer asked to move (someone cancelled or stopped it meanwhile) or another run took over.
@@ -215,11 +216,13 @@ def launch(
         if replaces_run is not None:
             job = lock_row(s, Job, job_name)
             before = current_run(s, job)
-            if (job.current_run_id != replaces_run or before is None or before.state != "STOPPED"
-                    or (replaces_park is not None and before.parks != replaces_park)):
+            if (job.current_run_id != replaces_run or job.desired != "MOVE" or before is None
+                    or before.state != "STOPPED" or (replaces_park is not None and before.parks != replaces_park)):
                 raise ChangeoverError(f"launch of a successor to run {replaces_run} of job {job_name}",
-                                      "that run is no longer stopped where its savepoint was taken: it resumed "
-                                      "meanwhile, or stopped again", "retry the task: it looks at the job again")
+                                      "that run is no longer stopped where its savepoint was taken (it resumed "
+                                      "meanwhile, or stopped again), or the job is no longer asked to move (a user "
+                                      "stopped it, or the move was withdrawn)", "retry the task: it looks at the job "
+                                      "again")
             if before.parked:
                 before.lease_until = utcnow() + timedelta(seconds=lease.length_of(job))
         if standby_of is not None:

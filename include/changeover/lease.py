@@ -4,8 +4,10 @@ A fault-tolerant run asked to stop does not exit at the batch boundary. It parks
 stopped, its driver stays up, and it holds a lease. It exits once its successor has written output.
 If no successor has written by the end of the lease, whatever happened to the orchestrator (a failed
 task, a deadlock, a killed scheduler), the parked run reclaims the job and resumes in place. The
-successor, if one was launched, is fenced off: its sink writes are refused (see `runtime.fence`).
-Every decision is taken under the job row's lock, the same lock the sink's fence takes.
+successor, if one was launched, is fenced off: its sink writes are refused (see `runtime.fence`). A successor
+writing a sink that cannot be fenced (files) claims the job before its first batch instead: the parked run then
+waits for that batch, and takes the job back only if the successor ends first. Every decision is taken under the
+job row's lock, the same lock the sink's fence takes.
 """
 
 from __future__ import annotations
@@ -53,14 +55,27 @@ def park(url: str, job: str, run_id: int, progress: dict[str, int | None], secon
 def take_over(url: str, job: str, run_id: int) -> bool:
     """A successor that has run its first cycle takes the job over, data or none: from then on the parked
     run it replaces exits instead of reclaiming. False when this run was fenced off first."""
+    return _mark_current(url, job, run_id, "first_write_at")
+
+
+def claim(url: str, job: str, run_id: int) -> bool:
+    """A successor whose sink cannot be fenced claims the job before its first batch: from then on the parked run it
+    replaces waits for that batch, and never reclaims the job by its lease while the successor lives (both would
+    write the sink). If the successor ends before its first batch, the parked run takes the job back (`decide`).
+    False when this run is no longer the job's."""
+    return _mark_current(url, job, run_id, "claimed_at")
+
+
+def _mark_current(url: str, job: str, run_id: int, column: Literal["first_write_at", "claimed_at"]) -> bool:
+    """Under the job row's lock: note when the run first did this, while it is the job's current run."""
     with session_scope(url) as s:
         row = lock_row(s, Job, job)
         run = s.get(JobRun, run_id)
         assert row is not None and run is not None
         if row.current_run_id != run_id:
             return False
-        if run.first_write_at is None:
-            run.first_write_at = utcnow()
+        if getattr(run, column) is None:
+            setattr(run, column, utcnow())
         return True
 
 
@@ -86,8 +101,11 @@ def decide(url: str, job: str, run_id: int) -> Decision:
                 return "exit"
             length = length_of(row)
             if successor is not None and successor.ended_at is not None:
-                # e.g. the new version failed the job on its first batch: no reason to wait out the lease
+                # e.g. the new version failed the job on its first batch: no reason to wait out the lease (the
+                # driver checks, as it resumes, that no sink it cannot fence shows a batch past its own)
                 why = f"its successor run {successor.id} ended {successor.state} before writing anything"
+            elif successor is not None and successor.claimed_at is not None:
+                return "wait"  # its first batch may be writing a sink that cannot be fenced: never both
             elif expired and not _starting(successor, run, length, now):
                 why = "its lease ran out before the successor wrote anything; the successor is fenced"
             else:

@@ -43,7 +43,7 @@ def step(
     if run.state in jobs.LIVE:
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
         readiness = (warm.prepare(settings, membership, job_name, run, target_version) if desired == "RUN"
-                     else "ready" if warm.standby_of(settings, membership, run.id) else "cold")
+                     else _ready_standby(settings, membership, run.id))
         if readiness == "warming":
             return False  # the job runs on while its successor starts
         savepoints.request_stop(settings, job_name, reason, move=True)
@@ -109,6 +109,16 @@ def _draining(settings: Settings, member: str | None) -> bool:
     with session_scope(settings.database_url) as s:
         row = s.get(Member, member) if member else None
         return row is not None and row.status == "DRAINING"
+
+
+def _ready_standby(settings: Settings, membership: Membership, run_id: int) -> warm.Readiness:
+    """The job was asked to stop already (a retried try): a ready standby takes it over; one still warming would only
+    compete for cores with the cold successor, so it is dismissed."""
+    standby = warm.standby_of(settings, membership, run_id)
+    if standby is not None and standby.ready_at is None:
+        jobs.dismiss_standby(settings, membership, standby.id, "the job was asked to stop before its standby was "
+                             "ready; it moves cold")
+    return "ready" if standby is not None and standby.ready_at is not None else "cold"
 
 
 def _dismiss_standby(settings: Settings, membership: Membership, run_id: int, reason: str) -> None:

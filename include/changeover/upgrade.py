@@ -27,8 +27,9 @@ def upgrade_member(settings: Settings, cluster: LocalCluster, member: str, versi
                                   f"drain it first with `changeover drain {member}`")
         row.status = "UPGRADING"
         audit.record(s, "member.upgrade.begin", "member", member, from_version=old, to_version=version)
-    # Drained, nothing of ours runs there: no need to wait on its shutdown hooks. A half-restarted worker
-    # from a try that died may already host drivers the new group's master placed: those get the full grace.
+    # Drained: no driver runs there, and executors still on it are past their grace (the drain's executors_left;
+    # their drivers rerun their tasks), so no need to wait on its shutdown hooks. A half-restarted worker from a
+    # try that died may already host drivers the new group's master placed: those get the full grace.
     idle = not jobs.drivers_on(settings, cluster, member)
     cluster.stop_worker(member, grace=IDLE_STOP_GRACE if idle else STOP_GRACE)
     cluster.start_worker(member, version)

@@ -7,8 +7,9 @@ says it is ready. Only then is the job asked to stop at a batch boundary; the sa
 a cold move, and the restored checkpoint is handed to the standby, which starts its queries at once.
 
 Nothing is lost either way. A standby not ready in time is dismissed before the job is ever stopped, and the move
-goes cold. A standby that fails after the handoff, before writing, hands the job back to the parked run, at the
-batch of the savepoint (`changeover.lease`).
+goes cold. A standby that fails after the handoff, before its first batch is done, hands the job back to the parked
+run, at the batch of the savepoint (`changeover.lease`; a sink that cannot be fenced is claimed first, so the parked
+run waits for that batch rather than write beside it).
 """
 
 from __future__ import annotations
@@ -142,10 +143,12 @@ def hand_over(settings: Settings, job_name: str, standby_id: int, predecessor: i
         assert standby is not None
         if standby.ended_at is not None:
             return False
-        if job.current_run_id != predecessor or before is None or not before.parked or before.parks != parks:
+        if (job.current_run_id != predecessor or job.desired != "MOVE" or before is None or not before.parked
+                or before.parks != parks):
             raise ChangeoverError(f"hand-over of job {job_name} from run {predecessor} to its standby {standby_id}",
-                                  "the run is no longer parked where its savepoint was taken: it resumed meanwhile, "
-                                  "or stopped again", "retry the task: it looks at the job again")
+                                  "the run is no longer parked where its savepoint was taken (it resumed meanwhile, "
+                                  "or stopped again), or the job is no longer asked to move (a user stopped it, or "
+                                  "the move was withdrawn)", "retry the task: it looks at the job again")
         now = utcnow()
         standby.checkpoint_root, standby.from_savepoint, standby.state = str(root), savepoint, "RUNNING"
         job.current_run_id, job.desired = standby_id, "RUN"

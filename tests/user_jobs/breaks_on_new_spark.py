@@ -1,12 +1,12 @@
-"""A user's job whose code breaks on a newer Spark: it counts click events per key, but a function it applies
-fails on the version its `broken_on` option names, as a call removed in that version would, on the first batch
-it runs there."""
+"""A user's job whose code breaks on a newer Spark: it counts click events per key into a keyed table (or, with the
+option `output`, writes each event to parquet files), but a function it applies fails on the version its
+`broken_on` option names, as a call removed in that version would, on the first batch it runs there."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from changeover.runtime import JobContext, KeyedTable, Stage
+from changeover.runtime import Files, JobContext, KeyedTable, Stage
 from changeover.settings import registry_url
 from pyspark.sql import functions as F
 
@@ -21,6 +21,8 @@ def build(spark: Any, ctx: JobContext) -> list[Stage]:
         return key
 
     events = spark.readStream.schema("key string, ts timestamp, seq long").json(ctx.options["landing"])
+    if "output" in ctx.options:  # a sink Changeover cannot fence
+        return [Stage("events", events.select(checked("key").alias("key"), "seq"), Files(ctx.options["output"]))]
     totals = events.select(checked("key").alias("key")).groupBy("key").count()
     return [Stage("totals", totals, KeyedTable(registry_url(), f"{ctx.job}_totals", keys=("key",)), "update",
                   "1 second")]

@@ -28,6 +28,7 @@ from changeover.registry.db import TRANSIENT, lock_row, patiently, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.runtime.contract import JobContext, Stage
 from changeover.runtime.queries import StageQueries
+from changeover.runtime.sinks.base import WriteContext
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 
@@ -246,9 +247,10 @@ class Driver:
                 beat = time.monotonic()
             time.sleep(STANDBY_POLL_SECONDS)
         if turn == "dismissed":
-            patiently(partial(lease.end_standby, self.url, self.job, self.run_id, "dismissed: the run it was to "
-                              "succeed is no longer the job's, or its move was withdrawn"), self.registry)
-            return None
+            ended = patiently(partial(lease.end_standby, self.url, self.job, self.run_id, "dismissed: the run it was "
+                                      "to succeed is no longer the job's, or its move was withdrawn"), self.registry)
+            if ended or patiently(look, self.registry) != "start":  # not ended: handed the job just before
+                return None
         with session_scope(self.url) as s:
             run = s.get(JobRun, self.run_id)
             assert run is not None and run.checkpoint_root
@@ -256,7 +258,8 @@ class Driver:
 
     def run_streaming(self, stages: list[Stage], checkpoint_root: Path, allow_non_restored: bool = False,
                       spark: Any = None, plans: dict[str, Any] | None = None) -> bool:
-        """Run until stopped or handed off. False when the restored state does not fit the job's stages."""
+        """Run until stopped or handed off. False when the restored state does not fit the job's stages, or when
+        it cannot resume where it parked."""
         names = [stage.name for stage in stages]
         if len(set(names)) != len(names):
             raise ValueError(f"job {self.job}: stage names must be unique, got {names}")
@@ -274,13 +277,12 @@ class Driver:
         patiently(partial(self.report, seen, committed=False, sinks={s.name: s.sink.describe() for s in stages},
                           plans=described_plans), self.registry)
         # A sink Changeover cannot fence: claim the job before the first write, so the run this one replaces
-        # can no longer reclaim it and write the same batches again.
+        # waits for this run's first batch instead of reclaiming the job and writing the same batches again.
         took_over = False
-        if not all(stage.sink.fenced for stage in stages):
-            took_over = patiently(partial(lease.take_over, self.url, self.job, self.run_id), self.registry)
-            if not took_over:
-                self.report(seen, committed=False, state="STOPPED")
-                return True
+        unfenced = not all(stage.sink.fenced for stage in stages)
+        if unfenced and not patiently(partial(lease.claim, self.url, self.job, self.run_id), self.registry):
+            self.report(seen, committed=False, state="STOPPED")
+            return True
         queries.start()
         triggered = False
         described: set[str] = set()
@@ -302,6 +304,11 @@ class Driver:
                     if state == "STOP":
                         patiently(partial(self.report, now, committed=False, state="STOPPED"), self.registry)
                     return True
+                ahead = self.unfenced_sinks_ahead(stages, now)
+                if ahead:  # a successor's batch reached a sink nothing fences: running on would skip or repeat it
+                    print(ahead, file=sys.stderr, flush=True)
+                    self.fail(ahead)
+                    return False
                 queries.start()
                 continue
             failure = queries.failure()
@@ -328,6 +335,23 @@ class Driver:
                 except TRANSIENT as exc:  # SQLite busy past its timeout, a restarting server: the queries go on
                     log.warning("job %s run %s: progress not recorded (%s); retrying", self.job, self.run_id, exc)
             time.sleep(LOOP_SECONDS)
+
+    def unfenced_sinks_ahead(self, stages: list[Stage], progress: dict[str, int | None]) -> str | None:
+        """Why this run must not resume where it parked: a sink it cannot fence shows a batch past its own, written
+        by a successor that then ended before its first batch was done. None when every such sink is where it was."""
+        for stage in stages:
+            if stage.sink.fenced:
+                continue
+            written = stage.sink.progress(WriteContext(self.url, self.job, stage.name, self.run_id))
+            own = progress.get(stage.name)
+            if written is not None and (own is None or written > own):
+                return (f"resume of job {self.job}'s run {self.run_id} where it parked: the {stage.sink.kind} sink "
+                        f"of stage {stage.name} shows batch {written}, past this run's batch {own}, written by a "
+                        "successor that ended before its first batch was done, so resuming would skip or repeat that "
+                        "batch. "
+                        f"Resume it from its newest savepoint: `changeover submit CODE --name {self.job} "
+                        "--from-savepoint NAME --rewind-sink`")
+        return None
 
     def _park(self, progress: dict[str, int | None]) -> bool:
         """Stopped at a batch boundary: wait, holding the lease, until handed off (False) or resumed (True)."""

@@ -24,7 +24,8 @@ class Sink(ABC):
     # result; at-least-once: a replayed batch is delivered twice.
     guarantee: str
     # Whether Changeover can refuse a superseded run's write inside the write itself. An unfenced sink makes
-    # a successor claim the job before its queries start, so the run it replaces can no longer come back.
+    # a successor claim the job before its queries start: the run it replaces then waits for the successor's first
+    # batch, and comes back only if the successor ends before it (`lease.claim`).
     fenced: ClassVar[bool]
 
     @abstractmethod
