@@ -218,9 +218,9 @@ def test_a_successor_that_claimed_an_unfenced_sink_is_waited_for_and_hands_back_
     settings: Settings,
 ) -> None:
     """A files sink cannot be fenced: the successor claims the job before its first batch. The parked run then never
-    reclaims it by its lease while the successor lives (both would write the sink), exits once the successor's first
-    batch is done, and takes the job back when the successor ends before it."""
-    old = _job_with_parked_run(settings, lease_left=0)  # its lease is out already
+    resumes beside it: it waits for that batch, exits once it is done, takes the job back when the successor ends
+    first, and leaves the job to it when the lease runs out first (the successor may be waiting for its cores)."""
+    old = _job_with_parked_run(settings, lease_left=3600)
     claimed = _successor(settings)
     assert lease.claim(settings.database_url, "clicks", claimed)
     assert lease.decide(settings.database_url, "clicks", old) == "wait"
@@ -232,12 +232,48 @@ def test_a_successor_that_claimed_an_unfenced_sink_is_waited_for_and_hands_back_
         assert s.get(Job, "clicks").current_run_id == old
     assert [r.id for r in relocate.failed_tries(settings, "clicks", utcnow() - timedelta(hours=1))] == [claimed]
 
-    lease.park(settings.database_url, "clicks", old, {"totals": 5}, seconds=0)  # moved again: this one gets through
+    lease.park(settings.database_url, "clicks", old, {"totals": 5}, seconds=3600)  # moved again: this one gets through
     second = _successor(settings)
     assert lease.claim(settings.database_url, "clicks", second)
     assert lease.decide(settings.database_url, "clicks", old) == "wait"
     assert lease.take_over(settings.database_url, "clicks", second)  # its first batch is done
     assert lease.decide(settings.database_url, "clicks", old) == "exit"
+
+
+def test_a_parked_run_leaves_the_job_to_a_claimed_successor_when_its_lease_runs_out(settings: Settings) -> None:
+    old = _job_with_parked_run(settings, lease_left=0)
+    claimed = _successor(settings)
+    with session_scope(settings.database_url) as s:  # alive and heartbeating: never resumed beside it
+        s.get(JobRun, claimed).heartbeat_at = utcnow()
+    assert lease.claim(settings.database_url, "clicks", claimed)
+    assert lease.decide(settings.database_url, "clicks", old) == "exit"
+    with session_scope(settings.database_url) as s:
+        assert s.get(Job, "clicks").current_run_id == claimed and s.get(JobRun, old).ended_at is not None
+    handoff = [e.details for e in audit.find(settings.database_url, job="clicks") if e.action == "job.handoff"]
+    assert handoff and "claimed the job" in handoff[-1]["reason"], handoff
+
+
+def test_a_parked_run_resumes_only_while_no_unfenced_sink_is_past_its_own_batches(settings: Settings,
+                                                                                  tmp_path) -> None:
+    """A files sink's log past the run's last commit is fine when the run had planned that batch (its offsets are
+    written: Spark replays it with the same offsets, and the sink skips it as written); past that, another run
+    wrote it, and resuming would skip or repeat it."""
+    from changeover.runtime import Files, Stage
+    from changeover.runtime.driver import Driver
+
+    root, output = tmp_path / "checkpoint", tmp_path / "out"
+    for folder, batches in ((root / "events" / "offsets", range(6)), (root / "events" / "commits", range(5)),
+                            (output / "_spark_metadata", range(6))):
+        folder.mkdir(parents=True)
+        for batch in batches:
+            (folder / str(batch)).write_text("v1\n")
+    stages = [Stage("events", None, Files(str(output)))]
+    driver = Driver(settings, "clicks", _job_with_parked_run(settings, lease_left=3600))
+    assert driver.unfenced_sinks_ahead(stages, root, {"events": 4}) is None  # batch 5 planned: a replay
+    (output / "_spark_metadata" / "6").write_text("v1\n")
+    refusal = driver.unfenced_sinks_ahead(stages, root, {"events": 4})
+    assert refusal is not None and "the files sink of stage events shows batch 6, past this run's batches (through 5)" \
+        in refusal and "--rewind-sink" in refusal
 
 
 def test_the_fence_waits_for_a_lease_decision_in_flight(settings: Settings) -> None:

@@ -77,8 +77,9 @@ def test_a_moved_job_goes_to_the_target_once_it_has_a_member_though_the_old_grou
 def test_a_job_whose_standby_waits_on_the_target_keeps_it_though_the_standby_fills_the_target(
     settings: Settings,
 ) -> None:
-    """The target's only member shows no free core once the standbys are on it: the jobs whose standby waits there
-    still go there (warm), and a job without one goes to the largest group now rather than queue for cores."""
+    """The target's only member shows no free core once the standbys are on it: a job whose standby runs there still
+    goes there (warm); a job without one, or whose standby is still queued, goes to the largest group now rather
+    than queue for cores."""
     _members(settings, ("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.2.0"), ("m4", "4.2.0"))
     _job_on(settings, "a", "m1")
     _job_on(settings, "b", "m1")
@@ -88,15 +89,18 @@ def test_a_job_whose_standby_waits_on_the_target_keeps_it_though_the_standby_fil
     _set(settings, "m4", "4.3.0")
     _set(settings, "m1", "4.2.0", "DRAINING")
     with session_scope(settings.database_url) as s:
-        for job, version in (("a", "4.3.0"), ("b", "4.2.1")):  # b's standby is on another group: not kept
+        # a's standby runs on m4; b's is on another group; c's is still queued at the master, holding no cores
+        for job, version, member in (("a", "4.3.0", "m4"), ("b", "4.2.1", "m2"), ("c", "4.3.0", None)):
             run = s.get(Job, job).current_run_id
             s.add(JobRun(job=job, spark_version=version, master_url="spark://y", state="STANDBY", standby_of=run,
-                         progress={}))
+                         member=member, progress={}))
+    _job_on(settings, "d", "m1")  # no standby at all
     full = _Masters(free={"127.0.1.4": 0})
 
-    assert drain.destinations(settings, full, ["a", "b", "c"], "run-3") == {"a": "4.3.0", "b": "4.2.0", "c": "4.2.0"}
+    assert drain.destinations(settings, full, ["a", "b", "c", "d"], "run-3") == {
+        "a": "4.3.0", "b": "4.2.0", "c": "4.2.0", "d": "4.2.0"}
     room = _Masters(free={"127.0.1.4": 2})
-    assert drain.destinations(settings, room, ["a", "b", "c"], "run-3") == dict.fromkeys("abc", "4.3.0")
+    assert drain.destinations(settings, room, ["a", "b", "c", "d"], "run-3") == dict.fromkeys("abcd", "4.3.0")
 
 
 class _Masters:

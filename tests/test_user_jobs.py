@@ -190,18 +190,14 @@ def test_a_standby_killed_before_the_hand_over_leaves_the_job_running_and_the_mo
     jobs.cancel(live.settings, live.cluster, "fallback", reason="test finished with it")
 
 
-@pytest.mark.parametrize("sink", ["keyed_table", "files"])
 def test_a_standby_failing_after_the_hand_over_hands_the_job_back_to_its_parked_run_exact(live: Cluster,
-                                                                                        tmp_path: Path,
-                                                                                        sink: str) -> None:
+                                                                                        tmp_path: Path) -> None:
     """A warm move's fallback after the handoff: the standby on 4.3.0 gets ready (its warm-up is not the job's
     code), is handed the restored checkpoint, and its first batch fails there. The parked 4.2.0 run takes the job
-    back at once, from the batch of the savepoint, and the job ends exact: through the keyed table's fence, and
-    through a files sink, which cannot be fenced, so the standby claimed the job before its first batch."""
-    job, output = f"handback_{sink}", tmp_path / "out"
-    options = {"landing": str(tmp_path / "landing"), "broken_on": "4.3.0"}
-    if sink == "files":
-        options["output"] = str(output)
+    back at once, from the batch of the savepoint, and the job ends exact in both its sinks: a keyed table, fenced,
+    and a files sink, which cannot be fenced, so the standby claimed the job before its first batch."""
+    job, output = "handback", tmp_path / "out"
+    options = {"landing": str(tmp_path / "landing"), "broken_on": "4.3.0", "output": str(output)}
     generator = Generator(tmp_path / "landing")
     generator.write_file()
     generator.start(interval=0.5)
@@ -220,13 +216,11 @@ def test_a_standby_failing_after_the_hand_over_hands_the_job_back_to_its_parked_
         wait_for(lambda: _current(live, job) == (first.id, "RUNNING"), 120, "the parked run taking the job back")
     finally:
         generator.stop()
-    if sink == "files":
-        seqs = Counter(f * 1000 + i for f in range(generator.files) for i in range(generator.events_per_file))
-        wait_for(lambda: _written_seqs(output) == seqs, 300, f"job {job} writing every event once on 4.2.0")
-    else:
-        table = KeyedTable(live.settings.database_url, f"{job}_totals", keys=("key",))
-        wait_for(lambda: {r["key"]: int(r["count"]) for r in table.read()} == dict(generator.truth), 300,
-                 f"job {job} catching up with every generated file on 4.2.0")
+    table = KeyedTable(live.settings.database_url, f"{job}_totals", keys=("key",))
+    wait_for(lambda: {r["key"]: int(r["count"]) for r in table.read()} == dict(generator.truth), 300,
+             f"job {job} counting every generated event on 4.2.0")
+    seqs = Counter(f * 1000 + i for f in range(generator.files) for i in range(generator.events_per_file))
+    wait_for(lambda: _written_seqs(output) == seqs, 300, f"job {job} writing every event to its files once")
     assert moves.of(live.settings, job) == []  # the failed standby never took the job over
     unparked = [e.details for e in audit.find(live.settings.database_url, job=job) if e.action == "job.unpark"]
     assert unparked and unparked[-1]["successor"] == standby, unparked

@@ -256,10 +256,14 @@ def destinations(settings: Settings, membership: Membership, names: list[str],
 
 
 def _standby_version(settings: Settings, membership: Membership, job_name: str) -> str | None:
+    """The version of the job's standby once it holds its cores there (placed by its master, or ready); a standby
+    still queued holds none, and the group it waits on is as full as it looks."""
     with session_scope(settings.database_url) as s:
         run_id = jobs.get_job(s, job_name).current_run_id
     standby = warm.standby_of(settings, membership, run_id) if run_id is not None else None
-    return standby.spark_version if standby is not None else None
+    if standby is None or (standby.member is None and standby.ready_at is None):
+        return None
+    return standby.spark_version
 
 
 def _begin(settings: Settings, current: DrainPlan) -> bool:

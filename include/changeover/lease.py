@@ -60,9 +60,9 @@ def take_over(url: str, job: str, run_id: int) -> bool:
 
 def claim(url: str, job: str, run_id: int) -> bool:
     """A successor whose sink cannot be fenced claims the job before its first batch: from then on the parked run it
-    replaces waits for that batch, and never reclaims the job by its lease while the successor lives (both would
-    write the sink). If the successor ends before its first batch, the parked run takes the job back (`decide`).
-    False when this run is no longer the job's."""
+    replaces waits for that batch, and never reclaims the job while the successor lives (both would write the
+    sink). If the successor ends before its first batch, the parked run takes the job back; if the lease runs out
+    first, the parked run leaves the job to it (`decide`). False when this run is no longer the job's."""
     return _mark_current(url, job, run_id, "claimed_at")
 
 
@@ -105,7 +105,15 @@ def decide(url: str, job: str, run_id: int) -> Decision:
                 # driver checks, as it resumes, that no sink it cannot fence shows a batch past its own)
                 why = f"its successor run {successor.id} ended {successor.state} before writing anything"
             elif successor is not None and successor.claimed_at is not None:
-                return "wait"  # its first batch may be writing a sink that cannot be fenced: never both
+                if not expired:
+                    return "wait"  # its first batch may be writing a sink that cannot be fenced: never both
+                # Still no first batch when the lease ran out (it may wait for the cores this run holds): this run
+                # cannot resume beside it, so it leaves the job to it, as a cold successor's take-over would.
+                run.ended_at, run.lease_until = now, None
+                audit.record(s, "job.handoff", "job", job, run=run_id, successor=successor.id,
+                             reason="its successor claimed the job and had not finished its first batch when the "
+                                    "lease ran out; a sink it cannot fence cannot be written by both")
+                return "exit"
             elif expired and not _starting(successor, run, length, now):
                 why = "its lease ran out before the successor wrote anything; the successor is fenced"
             else:

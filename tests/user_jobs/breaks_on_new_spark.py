@@ -1,5 +1,5 @@
-"""A user's job whose code breaks on a newer Spark: it counts click events per key into a keyed table (or, with the
-option `output`, writes each event to parquet files), but a function it applies fails on the version its
+"""A user's job whose code breaks on a newer Spark: it counts click events per key into a keyed table (and, with the
+option `output`, also writes each event to parquet files), but a function it applies fails on the version its
 `broken_on` option names, as a call removed in that version would, on the first batch it runs there."""
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ def build(spark: Any, ctx: JobContext) -> list[Stage]:
         return key
 
     events = spark.readStream.schema("key string, ts timestamp, seq long").json(ctx.options["landing"])
-    if "output" in ctx.options:  # a sink Changeover cannot fence
-        return [Stage("events", events.select(checked("key").alias("key"), "seq"), Files(ctx.options["output"]))]
     totals = events.select(checked("key").alias("key")).groupBy("key").count()
-    return [Stage("totals", totals, KeyedTable(registry_url(), f"{ctx.job}_totals", keys=("key",)), "update",
-                  "1 second")]
+    stages = [Stage("totals", totals, KeyedTable(registry_url(), f"{ctx.job}_totals", keys=("key",)), "update",
+                    "1 second")]
+    if "output" in ctx.options:  # a second stage, into a sink Changeover cannot fence
+        stages.append(Stage("events", events.select(checked("key").alias("key"), "seq"), Files(ctx.options["output"])))
+    return stages

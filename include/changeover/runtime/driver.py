@@ -304,7 +304,7 @@ class Driver:
                     if state == "STOP":
                         patiently(partial(self.report, now, committed=False, state="STOPPED"), self.registry)
                     return True
-                ahead = self.unfenced_sinks_ahead(stages, now)
+                ahead = self.unfenced_sinks_ahead(stages, checkpoint_root, now)
                 if ahead:  # a successor's batch reached a sink nothing fences: running on would skip or repeat it
                     print(ahead, file=sys.stderr, flush=True)
                     self.fail(ahead)
@@ -336,19 +336,22 @@ class Driver:
                     log.warning("job %s run %s: progress not recorded (%s); retrying", self.job, self.run_id, exc)
             time.sleep(LOOP_SECONDS)
 
-    def unfenced_sinks_ahead(self, stages: list[Stage], progress: dict[str, int | None]) -> str | None:
+    def unfenced_sinks_ahead(self, stages: list[Stage], checkpoint_root: Path,
+                             progress: dict[str, int | None]) -> str | None:
         """Why this run must not resume where it parked: a sink it cannot fence shows a batch past its own, written
         by a successor that then ended before its first batch was done. None when every such sink is where it was."""
         for stage in stages:
             if stage.sink.fenced:
                 continue
             written = stage.sink.progress(WriteContext(self.url, self.job, stage.name, self.run_id))
-            own = progress.get(stage.name)
+            # a batch this run had planned (offsets written) is replayed with the same offsets: the sink may have it
+            own = max((b for b in (progress.get(stage.name), checkpoints.last_offsets(checkpoint_root / stage.name))
+                       if b is not None), default=None)
             if written is not None and (own is None or written > own):
                 return (f"resume of job {self.job}'s run {self.run_id} where it parked: the {stage.sink.kind} sink "
-                        f"of stage {stage.name} shows batch {written}, past this run's batch {own}, written by a "
-                        "successor that ended before its first batch was done, so resuming would skip or repeat that "
-                        "batch. "
+                        f"of stage {stage.name} shows batch {written}, past this run's batches (through {own}), "
+                        "written by a successor that ended before its first batch was done, so resuming would skip "
+                        "or repeat that batch. "
                         f"Resume it from its newest savepoint: `changeover submit CODE --name {self.job} "
                         "--from-savepoint NAME --rewind-sink`")
         return None
@@ -370,6 +373,15 @@ class Driver:
         except TRANSIENT as exc:
             log.warning("%s: the database did not answer (%s); still parked", self.registry, exc)
             return "wait"
+
+
+def stop_queries(spark: Any) -> None:
+    """Stop what still runs of a failing run's queries (one stage's failure leaves the others running)."""
+    try:
+        for query in spark.streams.active:
+            query.stop()
+    except Exception as exc:  # noqa: BLE001 - a session already gone has nothing running
+        log.warning("the queries did not stop cleanly (%s)", exc)
 
 
 def warm_up(spark: Any, seconds: float) -> bool:
@@ -478,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             driver.lost_jvm(f"its driver's JVM ended under its Python ({type(exc).__name__}: {exc}): killed, or it "
                             "crashed; the checkpoint is whole as of the last commit")
             return 137
+        stop_queries(spark)  # before the failure is on record: a parked run may resume on it, and write the same sinks
         driver.fail(f"job {args.job}: {type(exc).__name__}: {exc}")
         raise
     finally:
