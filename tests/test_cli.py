@@ -30,6 +30,8 @@ def run(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         (["submit", "jobs.clicks", "--name", "x/y"], "job name 'x/y'"),
         (["submit", "jobs.nope", "--name", "x"], "job code 'jobs.nope': it is neither a file nor an importable"),
         (["submit", "/no/such/job.py", "--name", "x"], "job code '/no/such/job.py': no such Python file"),
+        (["submit", "/no/[/such]/[bold]job.py", "--name", "x"],  # brackets are text, never Rich markup
+         "job code '/no/[/such]/[bold]job.py': no such Python file"),
         (["submit", "jobs.clicks", "--name", "x", "--executor-memory", "lots"], "executor_memory 'lots'"),
         (["submit", "jobs.clicks", "--name", "x", "--conf", "spark.master=local"], "Spark conf spark.master"),
     ],

@@ -179,6 +179,29 @@ def test_changeover_check_runs_in_the_runtime_and_exits_with_the_verdict(registr
     assert "CO-AGG-01 job matrix, stage totals, operator 0" in shown and "accumulators were count, now sum" in shown
 
 
+MISSPELT = """
+from changeover.runtime import Files, Stage
+
+
+def build(spark, ctx):
+    events = spark.readStream.schema("key STRING, ts TIMESTAMP").json(ctx.options["input"] + "/events")
+    return [Stage("totals", events.groupBy("kee").count(), Files(ctx.options["input"] + "/broken", "json"))]
+"""
+
+
+def test_code_that_does_not_build_is_one_plain_line_and_exit_2(registry: Settings, tmp_path: Path) -> None:
+    """Spark's analysis error holds brackets ([UNRESOLVED_COLUMN...], [`key`, `ts`]): printed as they are, never
+    read as Rich markup (which crashed the CLI with a traceback)."""
+    broken = tmp_path / "misspelt.py"
+    broken.write_text(MISSPELT)
+    result = subprocess.run([sys.executable, "-m", "changeover", "check", str(broken), "--savepoint",
+                             "matrix/before-update"], env={**os.environ, **registry.as_env(), "COLUMNS": "400"},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "UNRESOLVED_COLUMN" in line and "`kee`" in line, line
+
+
 def _files(folder: Path) -> dict[str, tuple[int, int, int]]:
     return {str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns)
             for p in folder.rglob("*") if p.is_file()}

@@ -583,3 +583,39 @@ def test_verify_stops_a_master_whose_group_has_no_member_left(settings: Settings
     assert LocalCluster(settings).stop_empty_masters() == []  # safe to repeat
     with session_scope(settings.database_url) as s:
         assert {m.version: m.status for m in s.scalars(select(Master))} == {"4.2.0": "RUNNING", "4.3.0": "STOPPED"}
+
+
+def test_an_abort_whose_relaunch_fails_names_the_job_left_down_and_its_savepoint(settings: Settings) -> None:
+    """The old group's master does not answer (nothing listens on its port): the withdrawn move cannot relaunch the
+    job, so the abort fails naming the job and the savepoint to resume it from, keeps the upgrade's lock, and can be
+    run again."""
+    from changeover import recovery
+    from changeover.registry.models import Savepoint, UpgradeRun
+
+    _cluster_rows(settings)
+    upgrades.begin(settings, "up-1", "4.3.0", {})
+    with session_scope(settings.database_url) as s:
+        s.scalar(select(UpgradeRun).where(UpgradeRun.key == "up-1")).progress = {"jobs": ["clicks"]}
+        s.add(Job(name="clicks", module="jobs.clicks", fault_tolerant=True, block_shutdown=False, options={},
+                  desired="MOVE"))
+        s.flush()
+        run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://127.0.0.1:1", state="KILLED",
+                     progress={}, member="m1", ended_at=utcnow(), error="its worker was lost")
+        s.add(run)
+        s.flush()
+        s.get(Job, "clicks").current_run_id = run.id
+        s.add(Savepoint(job="clicks", name="up-1-clicks", mode="stop", status="COMPLETED", path="/nowhere",
+                        size_bytes=1, spark_version="4.2.0", stages={"totals": 4}, run_id=run.id,
+                        upgrade_key="up-1"))
+
+    for _ in range(2):  # the same answer again: nothing was half done
+        with pytest.raises(ChangeoverError) as refused:
+            recovery.abort(settings, LocalCluster(settings), "up-1")
+        said = str(refused.value)
+        assert "abort of upgrade up-1: job clicks is down" in said and "savepoint up-1-clicks" in said, said
+        assert "changeover upgrade abort" in said
+    assert recovery.status(settings, "up-1")["locked"]
+    with session_scope(settings.database_url) as s:
+        assert s.get(Job, "clicks").desired == "MOVE"
+    failed = [e for e in audit.find(settings.database_url, upgrade="up-1") if e.action == "upgrade.abort"]
+    assert [e.outcome for e in failed] == ["failed", "failed"]

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from changeover import audit, drain, jobs, maintenance, recovery, savepoints, upgrade, upgrades
 from changeover.cluster import LocalCluster
@@ -35,7 +36,8 @@ upgrade_app = typer.Typer(help="One member's upgrade, and a failed upgrade's sta
 app.add_typer(upgrade_app, name="upgrade")
 maintenance_app = typer.Typer(help="Members marked for the next drain window.", invoke_without_command=True)
 app.add_typer(maintenance_app, name="maintenance")
-out = Console()
+# Markup off: job code, paths and Spark's messages hold brackets that Rich would read as tags.
+out = Console(markup=False, highlight=False)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
@@ -191,7 +193,7 @@ def check(
     if as_json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
-        out.print(report.render(), highlight=False, soft_wrap=True)
+        out.print(report.render(), soft_wrap=True)
     raise typer.Exit(int(report.verdict))
 
 
@@ -400,5 +402,5 @@ def main() -> None:
     try:
         app()
     except ChangeoverError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        Console(stderr=True, highlight=False).print(Text.assemble(("error: ", "bold red"), str(exc)), soft_wrap=True)
         sys.exit(2)

@@ -8,17 +8,19 @@ the actual state first, so abort can be run again after it was interrupted.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, drain, jobs, relocate, upgrades
+from changeover import audit, drain, jobs, relocate, upgrades, verify
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, Savepoint, UpgradeRun
 from changeover.settings import Settings
 
+log = logging.getLogger(__name__)
 STUCK = ("DRAINING", "DRAINED", "UPGRADING")
 
 
@@ -55,6 +57,14 @@ def abort(settings: Settings, cluster: LocalCluster, key: str, reason: str = "ab
     returned = [m for m in names if _return_to_service(settings, cluster, m, f"abort of upgrade {key}: {reason}")]
     resumed = _withdraw_moves(settings, cluster, f"abort of upgrade {key}")
     cluster.stop_empty_masters()  # the target's, started for a member that is back at its old version
+    down = verify.jobs_left_down(settings, cluster, key)  # a restart or launch that failed on the way shows here
+    if down:  # the upgrade keeps its lock and savepoints: the abort can be run again once the cause is mended
+        with session_scope(settings.database_url) as s:
+            audit.record(s, "upgrade.abort", "upgrade", key, outcome="failed", reason=reason,
+                         members_returned=returned, jobs_resumed=resumed, problems=down)
+        raise ChangeoverError(f"abort of upgrade {key}", "; ".join(down),
+                              "mend the cause (see `changeover events`) and run `changeover upgrade abort` again, "
+                              "or resume the job from its savepoint with `changeover submit --from-savepoint`")
     with session_scope(settings.database_url) as s:
         run = lock_row(s, UpgradeRun, _get(s, key).id)
         was = run.status
@@ -116,9 +126,15 @@ def _withdraw_moves(settings: Settings, cluster: LocalCluster, reason: str) -> l
                                                           JobRun.ended_at.is_(None))))
     for standby in standing:  # warm moves not yet asked to stop: the job still runs where it was
         jobs.dismiss_standby(settings, cluster, standby, f"the upgrade was aborted: {reason}")
+    withdrawn = []
     for name in moving:
-        relocate.withdraw(settings, cluster, name, reason)
-    return moving
+        try:
+            relocate.withdraw(settings, cluster, name, reason)
+        except ChangeoverError as exc:  # one job's failed launch does not keep the others down; the check names it
+            log.warning("job %s: its move was not withdrawn: %s", name, exc)
+            continue
+        withdrawn.append(name)
+    return withdrawn
 
 
 def _get(s: Any, key: str) -> UpgradeRun:

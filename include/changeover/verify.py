@@ -96,13 +96,8 @@ def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: 
             placed[job.name] = job_run.spark_version
             if job_run.spark_version != largest:
                 problems.append(f"job {job.name} runs at {job_run.spark_version}, not on the largest group {largest}")
-        elif job.name in watched and job_run is not None and job.desired != "STOP" and job_run.ended_at is not None \
-                and started is not None and as_utc(job_run.ended_at) >= as_utc(started):
-            # ended during the upgrade, not by anyone's stop: e.g. its new version failed on its first batch
-            held = _savepoints_of(settings, upgrade_key, job.name)
-            problems.append(f"job {job.name} is down: its run {job_run.id} on Spark {job_run.spark_version} ended "
-                            f"{job_run.state} ({job_run.error or 'no reason recorded'})"
-                            + (f"; the upgrade holds its savepoint {held[-1]}, to resume it from" if held else ""))
+        elif (down := _down(settings, upgrade_key, job, job_run, watched, started)) is not None:
+            problems.append(down)
     with session_scope(settings.database_url) as s:
         audit.record(s, "upgrade.verify", "upgrade", upgrade_key, outcome="failed" if problems else "ok",
                      members=members, jobs=placed, problems=problems, skipped=sorted(skipped))
@@ -111,6 +106,30 @@ def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: 
                               "look at the audit trail with `changeover events` and retry the failed task")
     upgrades.release(settings, upgrade_key, "SUCCEEDED", "verified")
     return {"target_version": target, "members": members, "jobs": placed, "skipped": sorted(skipped)}
+
+
+def jobs_left_down(settings: Settings, cluster: LocalCluster, upgrade_key: str) -> list[str]:
+    """Each job that ran as the upgrade began and is down now, not by anyone's stop, with the savepoint to resume
+    it from: what neither a verify nor an abort may report as success."""
+    with session_scope(settings.database_url) as s:
+        run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
+        watched = set(((run.progress or {}) if run else {}).get("jobs", []))
+        started = run.started_at if run else None
+    return [down for job, job_run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True)
+            if (job_run is None or job_run.state not in jobs.LIVE)
+            and (down := _down(settings, upgrade_key, job, job_run, watched, started)) is not None]
+
+
+def _down(settings: Settings, upgrade_key: str, job: Any, job_run: Any, watched: set[str],
+          started: Any) -> str | None:
+    if job.name not in watched or job_run is None or job.desired == "STOP" or job_run.ended_at is None \
+            or started is None or as_utc(job_run.ended_at) < as_utc(started):
+        return None
+    # ended during the upgrade, not by anyone's stop: e.g. its new version failed on its first batch
+    held = _savepoints_of(settings, upgrade_key, job.name)
+    return (f"job {job.name} is down: its run {job_run.id} on Spark {job_run.spark_version} ended "
+            f"{job_run.state} ({job_run.error or 'no reason recorded'})"
+            + (f"; the upgrade holds its savepoint {held[-1]}, to resume it from" if held else ""))
 
 
 def _savepoints_of(settings: Settings, upgrade_key: str, job: str) -> list[str]:
