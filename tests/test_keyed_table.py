@@ -71,6 +71,30 @@ def test_batches_upsert_by_key_and_a_replayed_batch_changes_nothing(spark: Any, 
         assert s.execute(sink.tables().staging.select()).all() == []  # merged batches leave no staging rows
 
 
+def test_two_attempts_of_one_partition_that_both_staged_merge_once(settings: Settings) -> None:
+    """A speculative copy, or a zombie attempt after a false executor loss, stages partition 0 beside the attempt
+    Spark accepted: only the accepted attempts' rows are merged (before, the merge refused the good batch as "keys
+    occur more than once"). Spark cannot be made to finish two attempts of one task at will, so the executors'
+    staging step is called here as each attempt calls it."""
+    from changeover.runtime.sinks.keyed_table import stage_rows
+    from pyspark.sql import Row
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    sink, run = KeyedTable(settings.database_url, "totals", keys=("key",)), _current_run(settings)
+    tables = sink.tables(StructType([StructField("key", StringType()), StructField("total", LongType())]))
+    for part, attempt, rows in [(0, 7, [Row(key="a", total=1), Row(key="b", total=1)]),
+                                (0, 9, [Row(key="a", total=2), Row(key="b", total=2)]),
+                                (1, 8, [Row(key="c", total=3)])]:
+        stage_rows(settings.database_url, tables.staging.name, ["key", "total"], "j/totals", 0, run, 100, part,
+                   attempt, rows)
+    context = WriteContext(settings.database_url, "j", "totals", run)
+
+    assert sink._merge_fenced(tables, context, "j/totals", 0, [(0, 9), (1, 8)])
+    assert _table(sink) == {"a": 2, "b": 2, "c": 3}
+    with session_scope(settings.database_url) as s:
+        assert s.execute(sink.tables().staging.select()).all() == []  # the other attempt's rows are gone too
+
+
 def test_the_ledger_check_under_the_fence_skips_a_replay_that_raced_past_the_first_check(
         spark: Any, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     sink, run = KeyedTable(settings.database_url, "totals", keys=("key",)), _current_run(settings)

@@ -1,18 +1,19 @@
 """A keyed SQL table (PostgreSQL or SQLite) of any schema: exactly once through a ledger, rewindable through undo.
 
 A batch is never collected on the driver. Each partition writes its rows, in chunks, into a staging table
-from the executor that holds it (a retried task replaces its own partition's rows). Then one transaction on
-the driver, inside the fence, merges the staging rows into the table as upserts on the declared key columns,
-keeps the rows they replace in an undo table, and writes the batch's ledger entry. A batch already in the
-ledger is skipped, so a replayed batch changes nothing; rewinding to a savepoint's batch applies the undo
-entries of later batches, newest first, so the table holds its values as of that batch, not nothing.
+from the executor that holds it, tagged with its task attempt; the driver collects only which attempt of each
+partition Spark accepted (a retried task, a speculative copy or a zombie attempt may have staged too). Then
+one transaction on the driver, inside the fence, merges those attempts' rows into the table as upserts on the
+declared key columns, keeps the rows they replace in an undo table, and writes the batch's ledger entry. A
+batch already in the ledger is skipped, so a replayed batch changes nothing; rewinding to a savepoint's batch
+applies the undo entries of later batches, newest first, so the table holds its values as of that batch.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,7 +29,8 @@ from changeover.registry.models import SinkLedger
 from changeover.runtime import fence
 from changeover.runtime.sinks.base import Sink, WriteContext
 
-OWNER, BATCH, RUN, PART, EXISTED = "_co_owner", "_co_batch", "_co_run", "_co_part", "_co_existed"
+OWNER, BATCH, RUN, PART, ATTEMPT = "_co_owner", "_co_batch", "_co_run", "_co_part", "_co_attempt"
+EXISTED = "_co_existed"
 _SPARK_TYPES: dict[str, Any] = {
     "string": sa.Text, "long": sa.BigInteger, "integer": sa.Integer, "short": sa.SmallInteger,
     "byte": sa.SmallInteger, "double": sa.Float, "float": sa.Float, "boolean": sa.Boolean,
@@ -106,13 +108,17 @@ def _reflect(url: str, table: str, keys: tuple[str, ...]) -> _Tables:
     plain = [sa.Column(c.name, c.type) for c in target.columns]
     staging = sa.Table(f"{table}__co_staging", metadata, *plain,
                        sa.Column(OWNER, sa.String(200)), sa.Column(BATCH, sa.BigInteger), sa.Column(RUN, sa.BigInteger),
-                       sa.Column(PART, sa.Integer), sa.Index(f"ix_{table}__co_staging", OWNER, BATCH, RUN, PART))
+                       sa.Column(PART, sa.Integer), sa.Column(ATTEMPT, sa.BigInteger),
+                       sa.Index(f"ix_{table}__co_staging", OWNER, BATCH, RUN, PART))
     undo = sa.Table(f"{table}__co_undo", metadata, *[sa.Column(c.name, c.type) for c in target.columns],
                     sa.Column(OWNER, sa.String(200)), sa.Column(BATCH, sa.BigInteger), sa.Column(EXISTED, sa.Integer),
                     sa.Index(f"ix_{table}__co_undo", OWNER, BATCH))
     ledger = SinkLedger.__table__
     for made in (staging, undo, ledger):
         made.create(engine, checkfirst=True)
+    if ATTEMPT not in {c["name"] for c in inspector.get_columns(staging.name)}:  # staged before attempts were tagged
+        with engine.begin() as connection:
+            connection.execute(sa.text(f"ALTER TABLE {staging.name} ADD COLUMN {ATTEMPT} BIGINT"))
     return _Tables(target, staging, undo, ledger)  # type: ignore[arg-type]
 
 
@@ -126,19 +132,31 @@ def _create_target(engine: Engine, table: str, keys: tuple[str, ...], schema: An
     created.create(engine, checkfirst=True)
 
 
+Staged = tuple[int, int]  # (partition, task attempt id) whose rows are the batch's
+
+
 def _stage_partition(url: str, staging: str, columns: list[str], owner: str, batch_id: int, run_id: int,
-                     chunk_rows: int, rows: Iterable[Any]) -> None:
-    """Runs on an executor: this partition's rows into the staging table, in chunks, in one transaction."""
+                     chunk_rows: int, rows: Iterable[Any]) -> Iterator[Staged]:
+    """Runs on an executor (mapPartitions): this partition's rows into the staging table, in chunks, in one
+    transaction, tagged with this task attempt; yields (partition, attempt) for the driver's merge."""
     from pyspark import TaskContext
 
-    part = TaskContext.get().partitionId()  # type: ignore[union-attr]
-    table = sa.table(staging, *(sa.column(c) for c in (*columns, OWNER, BATCH, RUN, PART)))
-    mine = (table.c[OWNER] == owner) & (table.c[BATCH] == batch_id) & (table.c[RUN] == run_id) & (table.c[PART] == part)
-    tags = {OWNER: owner, BATCH: batch_id, RUN: run_id, PART: part}
+    task = TaskContext.get()
+    assert task is not None
+    stage_rows(url, staging, columns, owner, batch_id, run_id, chunk_rows, task.partitionId(),
+               task.taskAttemptId(), rows)
+    yield task.partitionId(), task.taskAttemptId()
+
+
+def stage_rows(url: str, staging: str, columns: list[str], owner: str, batch_id: int, run_id: int,
+               chunk_rows: int, part: int, attempt: int, rows: Iterable[Any]) -> None:
+    """One attempt's rows of one partition. Attempts never touch each other's rows: two of them may run at once
+    (speculation, a zombie after a false executor loss), and only the one Spark accepted is merged."""
+    table = sa.table(staging, *(sa.column(c) for c in (*columns, OWNER, BATCH, RUN, PART, ATTEMPT)))
+    tags = {OWNER: owner, BATCH: batch_id, RUN: run_id, PART: part, ATTEMPT: attempt}
     # A database away for a moment: wait for it here (a try that failed mid-write is retried by Spark and waits here)
     connection = patiently(engine_for(url).connect, f"stage {owner} batch {batch_id} partition {part}: its sink")
     with connection, connection.begin():
-        connection.execute(sa.delete(table).where(mine))  # a retried task replaces what its first try wrote
         chunk: list[dict[str, Any]] = []
         for row in rows:
             chunk.append({**row.asDict(), **tags})
@@ -192,8 +210,8 @@ class KeyedTable(Sink):
         patiently(functools.partial(self._unstage, tables, owner, batch_id, context.run_id), waiting)
         stage = functools.partial(_stage_partition, self.url, tables.staging.name, batch.columns, owner, batch_id,
                                   context.run_id, self.chunk_rows)
-        batch.foreachPartition(stage)
-        return patiently(functools.partial(self._merge_fenced, tables, context, owner, batch_id), waiting)
+        staged = batch.rdd.mapPartitions(stage).collect()  # one accepted attempt per partition, as Spark decided
+        return patiently(functools.partial(self._merge_fenced, tables, context, owner, batch_id, staged), waiting)
 
     def _unstage(self, tables: _Tables, owner: str, batch_id: int, run_id: int) -> None:
         """What an interrupted try of this run staged; only this run's: another run's try of the same batch id may
@@ -203,12 +221,13 @@ class KeyedTable(Sink):
             connection.execute(sa.delete(tables.staging).where(staged[OWNER] == owner, staged[BATCH] == batch_id,
                                                                staged[RUN] == run_id))
 
-    def _merge_fenced(self, tables: _Tables, context: WriteContext, owner: str, batch_id: int) -> bool:
+    def _merge_fenced(self, tables: _Tables, context: WriteContext, owner: str, batch_id: int,
+                      staged: list[Staged]) -> bool:
         with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as s:
             if self.url == context.registry_url:
-                return self._merge(s.connection(), tables, context, owner, batch_id)
+                return self._merge(s.connection(), tables, context, owner, batch_id, staged)
             with engine_for(self.url).begin() as connection:
-                return self._merge(connection, tables, context, owner, batch_id)
+                return self._merge(connection, tables, context, owner, batch_id, staged)
 
     def _written(self, engine: Engine, tables: _Tables, context: WriteContext, batch_id: int) -> bool:
         ledger = tables.ledger.c
@@ -217,9 +236,10 @@ class KeyedTable(Sink):
                 ledger.job == context.job, ledger.stage == context.stage, ledger.batch_id == batch_id)) is not None
 
     def _merge(self, connection: Connection, tables: _Tables, context: WriteContext, owner: str,
-               batch_id: int) -> bool:
+               batch_id: int, staged: list[Staged]) -> bool:
         staging, target, undo, ledger = tables.staging.c, tables.target, tables.undo, tables.ledger
-        mine = (staging[OWNER] == owner) & (staging[BATCH] == batch_id) & (staging[RUN] == context.run_id)
+        mine = ((staging[OWNER] == owner) & (staging[BATCH] == batch_id) & (staging[RUN] == context.run_id)
+                & sa.tuple_(staging[PART], staging[ATTEMPT]).in_([tuple(s) for s in staged]))
         # inside the fence, every run's rows of this batch are done with: only the current run merges, once
         clear = sa.delete(tables.staging).where(staging[OWNER] == owner, staging[BATCH] == batch_id)
         if connection.scalar(sa.select(ledger.c.batch_id).where(
