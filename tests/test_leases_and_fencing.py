@@ -619,3 +619,32 @@ def test_an_abort_whose_relaunch_fails_names_the_job_left_down_and_its_savepoint
         assert s.get(Job, "clicks").desired == "MOVE"
     failed = [e for e in audit.find(settings.database_url, upgrade="up-1") if e.action == "upgrade.abort"]
     assert [e.outcome for e in failed] == ["failed", "failed"]
+
+
+def test_a_savepoint_being_built_holds_the_parked_runs_lease_and_only_while_it_builds(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build slower than the lease (large state, a store on another filesystem) used to let the parked run resume
+    under it, and the next try park it again under a new savepoint, so the job never moved."""
+    from changeover import savepoints
+    from changeover.cluster import wait_for
+    from changeover.registry.models import Savepoint
+
+    monkeypatch.setenv("CHANGEOVER_LEASE_SECONDS", "3")  # the job's lease, renewed every second while building
+    run_id = _job_with_parked_run(settings, lease_left=1)
+    with session_scope(settings.database_url) as s:
+        first_until = as_utc(s.get(JobRun, run_id).lease_until)
+        s.add(Savepoint(job="clicks", name="sp", mode="stop", status="PENDING", path="/nowhere", size_bytes=0,
+                        spark_version="4.2.0", stages={}, run_id=run_id, owner="builder"))
+
+    def extensions() -> int:
+        return len([e for e in audit.find(settings.database_url, job="clicks") if e.action == "job.lease.extend"])
+
+    with savepoints._leased(settings, "clicks", "sp", "builder", parked_run=run_id):
+        wait_for(lambda: extensions() >= 3 and utcnow() > first_until, 30, "the build outlasting the first lease")
+        assert lease.decide(settings.database_url, "clicks", run_id) == "wait"
+    extended = extensions()
+    with session_scope(settings.database_url) as s:
+        assert as_utc(s.get(JobRun, run_id).lease_until) > first_until
+    wait_for(lambda: lease.decide(settings.database_url, "clicks", run_id) == "resume", 30,
+             "the lease running out once the build is over")
+    assert extensions() == extended  # not renewed after the build

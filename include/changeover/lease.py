@@ -79,6 +79,26 @@ def _mark_current(url: str, job: str, run_id: int, column: Literal["first_write_
         return True
 
 
+def extend(url: str, job: str, run_id: int) -> float | None:
+    """The savepoint being built from a parked run keeps its lease from running out under it: without this, a large
+    state or a slow store let the lease lapse mid-build, the run resumed, and the next try parked it again under a
+    new savepoint, never moving. Only while the run is parked for a move that stands; returns the job's lease length
+    then, else None (resumed, handed off, or the stop withdrawn: nothing to hold)."""
+    with session_scope(url) as s:
+        row = lock_row(s, Job, job)
+        run = s.get(JobRun, run_id)
+        if row is None or run is None or not run.parked or run.lease_until is None \
+                or row.current_run_id != run_id or row.desired != "MOVE":
+            return None
+        length = length_of(row)
+        until = utcnow() + timedelta(seconds=length)
+        if until > as_utc(run.lease_until):
+            run.lease_until = until
+            audit.record(s, "job.lease.extend", "job", job, run=run_id, lease_until=until.isoformat(),
+                         reason="its savepoint is being built")
+        return length
+
+
 def decide(url: str, job: str, run_id: int) -> Decision:
     """What a parked run does now: keep waiting, exit (handed off), or resume (lease out, or stop withdrawn)."""
     with session_scope(url) as s:

@@ -28,6 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from changeover import audit, checkpoints, faults, processes
+from changeover import lease as job_lease
 from changeover.digests import DigestCache
 from changeover.errors import ChangeoverError
 from changeover.jobs import LIVE, current_run, get_job, new_checkpoint_root
@@ -103,13 +104,17 @@ class _Lease:
 
 
 @contextlib.contextmanager
-def _leased(settings: Settings, job_name: str, name: str, owner: str) -> Iterator[_Lease]:
-    """Renew the savepoint's lease every third of its length while the body works, so other hosts leave it be."""
+def _leased(settings: Settings, job_name: str, name: str, owner: str,
+            parked_run: int | None = None) -> Iterator[_Lease]:
+    """Renew the savepoint's lease every third of its length while the body works, so other hosts leave it be, and
+    the lease of the parked run it is built from (`lease.extend`), so that run waits for its move."""
     lease = _Lease(owner, time.monotonic() + lease_seconds())
     done = threading.Event()
+    parked_length = job_lease.extend(settings.database_url, job_name, parked_run) if parked_run else None
 
     def renew() -> None:
-        while not done.wait(lease_seconds() / 3):
+        nonlocal parked_length
+        while not done.wait(min(lease_seconds(), parked_length or lease_seconds()) / 3):
             asked = time.monotonic()
             try:
                 with session_scope(settings.database_url) as s:
@@ -119,6 +124,8 @@ def _leased(settings: Settings, job_name: str, name: str, owner: str) -> Iterato
                         return
                     row.lease_until = utcnow() + timedelta(seconds=lease_seconds())
                 lease.until = asked + lease_seconds()
+                if parked_length is not None and parked_run is not None:
+                    parked_length = job_lease.extend(settings.database_url, job_name, parked_run)
             except OperationalError:
                 continue  # the registry busy or away for a moment; `check` notices if it is away too long
 
@@ -225,7 +232,8 @@ def take(
                         spark_version=source.version, stages=source.stages, run_id=source.run_id,
                         upgrade_key=upgrade_key, owner=(owner := _owner()),
                         lease_until=utcnow() + timedelta(seconds=lease_seconds())))
-    with _leased(settings, job_name, name, owner) as lease:
+    parked = source.run_id if mode == "stop" else None
+    with _leased(settings, job_name, name, owner, parked) as lease:
         return _build(settings, job_name, name, mode, source, store, final, link, lease)
 
 
