@@ -648,3 +648,41 @@ def test_a_savepoint_being_built_holds_the_parked_runs_lease_and_only_while_it_b
     wait_for(lambda: lease.decide(settings.database_url, "clicks", run_id) == "resume", 30,
              "the lease running out once the build is over")
     assert extensions() == extended  # not renewed after the build
+
+
+def test_a_foreach_batch_delivery_outlasts_a_lost_registry_connection(settings: Settings) -> None:
+    """The registry's server ends the connection that holds the fence (as a restart or a failover does) while the
+    user's function runs: the delivery waits for the registry and delivers the batch again, as its guarantee allows,
+    instead of failing the job for good."""
+    from changeover.registry.models import SinkLedger
+    from changeover.runtime.sinks import WriteContext
+    from changeover.runtime.sinks.foreach import deliver
+    from sqlalchemy import create_engine, text
+
+    if not settings.database_url.startswith("postgresql"):
+        pytest.skip("SQLite has no server connection to lose; the PostgreSQL case is the one that restarts")
+    with session_scope(settings.database_url) as s:
+        s.add(Job(name="clicks", module="jobs.clicks", fault_tolerant=True, block_shutdown=False, options={}))
+        s.flush()
+        run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={})
+        s.add(run)
+        s.flush()
+        s.get(Job, "clicks").current_run_id = run_id = run.id
+    admin = create_engine(settings.database_url, isolation_level="AUTOCOMMIT")
+    calls: list[tuple[list[str], int, int]] = []
+
+    def users_function(batch: list[str], batch_id: int, epoch: int) -> None:
+        calls.append((batch, batch_id, epoch))
+        if len(calls) == 1:
+            with admin.connect() as conn:
+                ended = conn.scalar(text("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                         "WHERE datname = current_database() AND pid <> pg_backend_pid()"))
+            assert ended >= 1
+
+    try:
+        deliver(users_function, WriteContext(settings.database_url, "clicks", "totals", run_id), ["a", "b"], 3)
+    finally:
+        admin.dispose()
+    assert calls == [(["a", "b"], 3, run_id)] * 2
+    with session_scope(settings.database_url) as s:
+        assert s.scalar(select(SinkLedger.batch_id).where(SinkLedger.job == "clicks")) == 3

@@ -7,6 +7,7 @@ marks it idempotent (a replayed batch writes the same result) or at-least-once (
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -16,7 +17,7 @@ from typing import Any, ClassVar
 from sqlalchemy import delete, func, select
 
 from changeover.errors import ChangeoverError
-from changeover.registry.db import session_scope
+from changeover.registry.db import patiently, session_scope
 from changeover.registry.models import SinkLedger
 from changeover.runtime import fence
 from changeover.runtime.sinks.base import Sink, WriteContext
@@ -27,6 +28,20 @@ BatchFunction = Callable[..., None]  # (batch_df, batch_id) or (batch_df, batch_
 def _discard(frame: Any, batch_id: int, epoch: int) -> None:
     """A read-only run's stand-in: the batch is computed, nothing is delivered."""
     frame.count()
+
+
+def deliver(function: BatchFunction, context: WriteContext, batch: Any, batch_id: int) -> None:
+    """One batch to the user's function inside the fence. A registry that restarts or drops the connection is waited
+    for (patiently, with its deadline), and the batch delivered again: at-least-once or idempotent, as declared."""
+    takes_epoch = len(inspect.signature(function).parameters) >= 3
+
+    def once() -> None:
+        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as s:
+            function(batch, batch_id, context.run_id) if takes_epoch else function(batch, batch_id)
+            s.merge(SinkLedger(job=context.job, stage=context.stage, batch_id=batch_id, rows=0,
+                               run_id=context.run_id))
+
+    patiently(once, f"job {context.job} stage {context.stage} batch {batch_id}: the registry")
 
 
 @dataclass(frozen=True)
@@ -47,15 +62,7 @@ class ForeachBatch(Sink):
         if function is None:
             raise ChangeoverError(f"foreachBatch sink of stage {context.stage}", "it has no function",
                                   "pass the function: ForeachBatch(my_function, guarantee=...)")
-        takes_epoch = len(inspect.signature(function).parameters) >= 3
-
-        def deliver(batch: Any, batch_id: int) -> None:
-            with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as s:
-                function(batch, batch_id, context.run_id) if takes_epoch else function(batch, batch_id)
-                s.merge(SinkLedger(job=context.job, stage=context.stage, batch_id=batch_id, rows=0,
-                                   run_id=context.run_id))
-
-        return frame.writeStream.foreachBatch(deliver)
+        return frame.writeStream.foreachBatch(functools.partial(deliver, function, context))
 
     def describe(self) -> dict[str, Any]:
         name = getattr(self.function, "__qualname__", None)
