@@ -46,7 +46,7 @@ def _current_run(settings: Settings, job: str = "j") -> int:
         run = JobRun(job=job, spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={})
         s.add(run)
         s.flush()
-        s.get(Job, job).current_run_id = run.id
+        s.get(Job, job).make_current(run)
         return run.id
 
 
@@ -93,6 +93,39 @@ def test_two_attempts_of_one_partition_that_both_staged_merge_once(settings: Set
     assert _table(sink) == {"a": 2, "b": 2, "c": 3}
     with session_scope(settings.database_url) as s:
         assert s.execute(sink.tables().staging.select()).all() == []  # the other attempt's rows are gone too
+
+
+def test_a_sink_in_another_database_refuses_an_older_epoch_though_the_registry_lost_the_newer_owner(
+        settings: Settings, tmp_path: Any, pg_database: Any) -> None:
+    """The sink's database keeps the newest epoch that merged there, checked in the merge's own transaction: the
+    registry lost the record of the run that wrote last (as a crash between the sink's commit and the registry's can
+    leave it), and the older run it made current again is refused by the sink itself."""
+    from changeover.runtime.sinks.keyed_table import stage_rows
+    from pyspark.sql import Row
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    elsewhere = (pg_database("changeover_sink") if settings.database_url.startswith("postgresql")
+                 else f"sqlite:///{tmp_path / 'users.db'}")
+    sink = KeyedTable(elsewhere, "totals", keys=("key",))
+    tables = sink.tables(StructType([StructField("key", StringType()), StructField("total", LongType())]))
+
+    def merge(run: int, batch: int, total: int) -> bool:
+        stage_rows(elsewhere, tables.staging.name, ["key", "total"], "j/totals", batch, run, 100, 0, 1,
+                   [Row(key="a", total=total)])
+        return sink._merge_fenced(tables, WriteContext(settings.database_url, "j", "totals", run), "j/totals",
+                                  batch, [(0, 1)])
+
+    older = _current_run(settings)
+    assert merge(older, 0, 1)
+    newer = _current_run(settings)
+    assert merge(newer, 1, 2)
+    with session_scope(settings.database_url) as s:  # the registry forgets the newer owner
+        s.get(Job, "j").current_run_id = older
+
+    with pytest.raises(Fenced, match="the sink's own database has merged a batch of epoch"):
+        merge(older, 1, 100)
+    assert _table(sink) == {"a": 2}
+    assert [e.action for e in audit.find(settings.database_url, job="j")][-1] == "sink.fenced"
 
 
 def test_the_ledger_check_under_the_fence_skips_a_replay_that_raced_past_the_first_check(

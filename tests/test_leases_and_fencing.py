@@ -37,7 +37,7 @@ def _job_with_parked_run(settings: Settings, lease_left: float) -> int:
         run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={})
         s.add(run)
         s.flush()
-        s.get(Job, "clicks").current_run_id = run.id
+        s.get(Job, "clicks").make_current(run)
         run_id = run.id
     lease.park(settings.database_url, "clicks", run_id, {"totals": 4}, seconds=lease_left)
     return run_id
@@ -49,7 +49,8 @@ def _successor(settings: Settings) -> int:
         s.add(run)
         s.flush()
         job = s.get(Job, "clicks")
-        job.current_run_id, job.desired = run.id, "RUN"
+        job.make_current(run)
+        job.desired = "RUN"
         return run.id
 
 
@@ -686,3 +687,21 @@ def test_a_foreach_batch_delivery_outlasts_a_lost_registry_connection(settings: 
     assert calls == [(["a", "b"], 3, run_id)] * 2
     with session_scope(settings.database_url) as s:
         assert s.scalar(select(SinkLedger.batch_id).where(SinkLedger.job == "clicks")) == 3
+
+
+def test_the_epoch_grows_with_every_change_of_ownership_so_a_run_that_reclaims_outranks_its_successor(
+        settings: Settings) -> None:
+    """A user's function that keeps the newest epoch and refuses older ones (as include/jobs/click_audit.py does)
+    never locks its job out: the parked run that takes its job back writes with a larger epoch than the successor
+    it fenced, though its run id is smaller."""
+    first = _job_with_parked_run(settings, lease_left=0)
+    second = _successor(settings)
+    assert lease.decide(settings.database_url, "clicks", first) == "resume"  # the successor never wrote
+
+    with session_scope(settings.database_url) as s:
+        epochs = {run.id: run.epoch for run in s.scalars(select(JobRun))}
+        assert s.get(Job, "clicks").epoch == epochs[first]
+    with hold(settings.database_url, "clicks", first, "totals", 5) as held:
+        assert held.epoch == epochs[first] > epochs[second] and first < second
+    with pytest.raises(Fenced):
+        write_batch(settings, second)

@@ -240,7 +240,8 @@ def launch(
         s.add(run)
         s.flush()
         if standby_of is None:
-            job.current_run_id, job.desired = run.id, "RUN"
+            job.make_current(run)
+            job.desired = "RUN"
         # The launch's first half, on record with the run: its second (`job.launch`, with the master's
         # submission id) may be lost with the task, and the driver then reconciles it.
         audit.record(s, "job.launch.begin", "job", job_name, run=run.id, version=version,

@@ -138,7 +138,8 @@ def decide(url: str, job: str, run_id: int) -> Decision:
                 why = "its lease ran out before the successor wrote anything; the successor is fenced"
             else:
                 return "wait"
-            row.current_run_id, row.desired = run_id, "RUN"
+            row.make_current(run)
+            row.desired = "RUN"
             _resume(s, job, run, why, successor=successor.id if successor else None)
             return "resume"
         if row.desired == "RUN":

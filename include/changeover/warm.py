@@ -151,7 +151,8 @@ def hand_over(settings: Settings, job_name: str, standby_id: int, predecessor: i
                                   "the move was withdrawn)", "retry the task: it looks at the job again")
         now = utcnow()
         standby.checkpoint_root, standby.from_savepoint, standby.state = str(root), savepoint, "RUNNING"
-        job.current_run_id, job.desired = standby_id, "RUN"
+        job.make_current(standby)
+        job.desired = "RUN"
         before.lease_until = now + timedelta(seconds=lease.length_of(job))
         audit.record(s, "job.hand_over", "job", job_name, run=standby_id, replaces=predecessor,
                      version=standby.spark_version, from_savepoint=savepoint,

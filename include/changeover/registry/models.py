@@ -70,7 +70,15 @@ class Job(Base):
     # RUN, or one of STOPPING
     desired: Mapped[str] = mapped_column(String(16), default="RUN")
     current_run_id: Mapped[int | None]
+    # The fencing epoch: raised at every change of ownership (a launch, a hand-over, a parked run's reclaim), so a
+    # later owner always writes with a larger one than any run before it, whatever their run ids.
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    def make_current(self, run: JobRun) -> None:
+        """`run` owns the job from now on, under a new epoch. The caller holds the job row's lock."""
+        self.epoch = (self.epoch or 0) + 1
+        self.current_run_id, run.epoch = run.id, self.epoch
 
 
 class JobRun(Base):
@@ -109,6 +117,7 @@ class JobRun(Base):
     # when, writing to a sink that cannot be fenced, it claimed the job before its first batch: the run it replaces
     # then waits for that batch instead of reclaiming the job by its lease
     claimed_at: Mapped[datetime | None]
+    epoch: Mapped[int | None] = mapped_column(BigInteger)  # the job's epoch when this run last became its owner
     standby_of: Mapped[int | None] = mapped_column(index=True)  # the run a warm standby is to succeed
     ready_at: Mapped[datetime | None]  # when a standby had its session, executors and plans, ready for a checkpoint
 

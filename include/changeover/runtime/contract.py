@@ -27,9 +27,5 @@ class Stage:
 @dataclass(frozen=True)
 class JobContext:
     job: str
-    run_id: int  # also the run's fencing epoch: a later run of the job always has a larger one
+    run_id: int  # a foreachBatch function's third argument is the fencing epoch, which can change with ownership
     options: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def epoch(self) -> int:
-        return self.run_id

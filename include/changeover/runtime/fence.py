@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
@@ -21,8 +22,14 @@ class Fenced(ChangeoverError):
     """A run that is no longer its job's current run tried to write: its output must not land."""
 
 
+@dataclass(frozen=True)
+class Held:
+    session: Session  # the registry transaction that holds the job row's lock
+    epoch: int  # the writer's fencing epoch: larger for every later owner of the job
+
+
 @contextmanager
-def hold(url: str, job: str, run_id: int, stage: str, batch_id: int) -> Iterator[Session]:
+def hold(url: str, job: str, run_id: int, stage: str, batch_id: int) -> Iterator[Held]:
     """A registry transaction holding the job row's lock, entered only by the job's current run."""
     try:
         with session_scope(url) as s:
@@ -34,7 +41,8 @@ def hold(url: str, job: str, run_id: int, stage: str, batch_id: int) -> Iterator
             run = s.get(JobRun, run_id)
             if run is not None and run.first_write_at is None:
                 run.first_write_at = utcnow()
-            yield s
+            # a run made current before epochs were kept wrote with its id, which the migration made its epoch
+            yield Held(s, run.epoch if run is not None and run.epoch is not None else run_id)
     except Fenced as refused:
         with session_scope(url) as s:
             audit.record(s, "sink.fenced", "job", job, outcome="refused", run=run_id, stage=stage,

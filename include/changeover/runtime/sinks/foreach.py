@@ -36,9 +36,9 @@ def deliver(function: BatchFunction, context: WriteContext, batch: Any, batch_id
     takes_epoch = len(inspect.signature(function).parameters) >= 3
 
     def once() -> None:
-        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as s:
-            function(batch, batch_id, context.run_id) if takes_epoch else function(batch, batch_id)
-            s.merge(SinkLedger(job=context.job, stage=context.stage, batch_id=batch_id, rows=0,
+        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as held:
+            function(batch, batch_id, held.epoch) if takes_epoch else function(batch, batch_id)
+            held.session.merge(SinkLedger(job=context.job, stage=context.stage, batch_id=batch_id, rows=0,
                                run_id=context.run_id))
 
     patiently(once, f"job {context.job} stage {context.stage} batch {batch_id}: the registry")

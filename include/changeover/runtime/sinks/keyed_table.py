@@ -31,6 +31,7 @@ from changeover.runtime.sinks.base import Sink, WriteContext
 
 OWNER, BATCH, RUN, PART, ATTEMPT = "_co_owner", "_co_batch", "_co_run", "_co_part", "_co_attempt"
 EXISTED = "_co_existed"
+EPOCHS = "co_sink_epochs"  # in the sink's own database: the newest fencing epoch that merged, per job
 _SPARK_TYPES: dict[str, Any] = {
     "string": sa.Text, "long": sa.BigInteger, "integer": sa.Integer, "short": sa.SmallInteger,
     "byte": sa.SmallInteger, "double": sa.Float, "float": sa.Float, "boolean": sa.Boolean,
@@ -83,6 +84,7 @@ class _Tables:
     staging: sa.Table
     undo: sa.Table
     ledger: sa.Table
+    epochs: sa.Table
 
     @property
     def columns(self) -> list[str]:
@@ -114,12 +116,14 @@ def _reflect(url: str, table: str, keys: tuple[str, ...]) -> _Tables:
                     sa.Column(OWNER, sa.String(200)), sa.Column(BATCH, sa.BigInteger), sa.Column(EXISTED, sa.Integer),
                     sa.Index(f"ix_{table}__co_undo", OWNER, BATCH))
     ledger = SinkLedger.__table__
-    for made in (staging, undo, ledger):
+    epochs = sa.Table(EPOCHS, metadata, sa.Column("job", sa.String(100), primary_key=True),
+                      sa.Column("epoch", sa.BigInteger, nullable=False))
+    for made in (staging, undo, ledger, epochs):
         made.create(engine, checkfirst=True)
     if ATTEMPT not in {c["name"] for c in inspector.get_columns(staging.name)}:  # staged before attempts were tagged
         with engine.begin() as connection:
             connection.execute(sa.text(f"ALTER TABLE {staging.name} ADD COLUMN {ATTEMPT} BIGINT"))
-    return _Tables(target, staging, undo, ledger)  # type: ignore[arg-type]
+    return _Tables(target, staging, undo, ledger, epochs)  # type: ignore[arg-type]
 
 
 def _create_target(engine: Engine, table: str, keys: tuple[str, ...], schema: Any) -> None:
@@ -165,6 +169,22 @@ def stage_rows(url: str, staging: str, columns: list[str], owner: str, batch_id:
                 chunk = []
         if chunk:
             connection.execute(sa.insert(table), chunk)
+
+
+def _raise_epoch(connection: Connection, epochs: sa.Table, context: WriteContext, batch_id: int, epoch: int) -> None:
+    """The sink's own store checks the writer's epoch in the merge's transaction, as Kafka's brokers check producer
+    epochs: a writer older than one that already merged here is refused, whatever the registry's records say (a
+    sink in another database commits apart from the registry)."""
+    connection.execute(_insert(connection)(epochs).values(job=context.job, epoch=epoch)
+                       .on_conflict_do_nothing(index_elements=["job"]))
+    newest = connection.scalar(sa.select(epochs.c.epoch).where(epochs.c.job == context.job).with_for_update())
+    if newest is not None and newest > epoch:
+        raise fence.Fenced(f"write of batch {batch_id} of stage {context.stage} of job {context.job} by run "
+                           f"{context.run_id} (epoch {epoch})",
+                           f"the sink's own database has merged a batch of epoch {newest}, a later owner",
+                           "nothing to do: this run was superseded and stops; the current run writes instead")
+    if newest != epoch:
+        connection.execute(sa.update(epochs).where(epochs.c.job == context.job).values(epoch=epoch))
 
 
 @dataclass(frozen=True)
@@ -223,11 +243,11 @@ class KeyedTable(Sink):
 
     def _merge_fenced(self, tables: _Tables, context: WriteContext, owner: str, batch_id: int,
                       staged: list[Staged]) -> bool:
-        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as s:
+        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as held:
             if self.url == context.registry_url:
-                return self._merge(s.connection(), tables, context, owner, batch_id, staged)
+                return self._merge(held.session.connection(), tables, context, owner, batch_id, staged, held.epoch)
             with engine_for(self.url).begin() as connection:
-                return self._merge(connection, tables, context, owner, batch_id, staged)
+                return self._merge(connection, tables, context, owner, batch_id, staged, held.epoch)
 
     def _written(self, engine: Engine, tables: _Tables, context: WriteContext, batch_id: int) -> bool:
         ledger = tables.ledger.c
@@ -236,7 +256,8 @@ class KeyedTable(Sink):
                 ledger.job == context.job, ledger.stage == context.stage, ledger.batch_id == batch_id)) is not None
 
     def _merge(self, connection: Connection, tables: _Tables, context: WriteContext, owner: str,
-               batch_id: int, staged: list[Staged]) -> bool:
+               batch_id: int, staged: list[Staged], epoch: int) -> bool:
+        _raise_epoch(connection, tables.epochs, context, batch_id, epoch)
         staging, target, undo, ledger = tables.staging.c, tables.target, tables.undo, tables.ledger
         mine = ((staging[OWNER] == owner) & (staging[BATCH] == batch_id) & (staging[RUN] == context.run_id)
                 & sa.tuple_(staging[PART], staging[ATTEMPT]).in_([tuple(s) for s in staged]))
