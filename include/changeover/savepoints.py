@@ -532,6 +532,10 @@ def apply_retention(settings: Settings, job_name: str, max_count: int | None = N
 def reconcile(settings: Settings) -> dict[str, list[str]]:
     """Remove what crashed savepoints left: PENDING rows, their folders, and staging leftovers."""
     removed: dict[str, list[str]] = {"rows": [], "folders": []}
+    # Folders first, rows second: a builder writes its row before its folder, so every folder seen here has its row
+    # in the read below, also one published meanwhile (read the other way round, its folder looked orphaned).
+    store = settings.savepoint_dir
+    folders = sorted(p for p in store.glob("*/*") if p.is_dir()) if store.exists() else []
     with session_scope(settings.database_url) as s:
         pending = [sp for sp in s.scalars(select(Savepoint).where(Savepoint.status != "COMPLETED"))
                    if not _held(sp)]
@@ -544,8 +548,7 @@ def reconcile(settings: Settings) -> dict[str, list[str]]:
         if removed["rows"]:
             audit.record(s, "savepoint.reconcile", "savepoint", "*", removed=removed["rows"])
         registered = {(sp.job, sp.name) for sp in s.scalars(select(Savepoint))}
-    store = settings.savepoint_dir
-    for folder in sorted(p for p in store.glob("*/*") if p.is_dir()) if store.exists() else []:
+    for folder in folders:
         key = (folder.parent.name, folder.name.removeprefix(".staging-"))
         leftover = folder.name.startswith(".staging-") and key not in busy
         orphan = not folder.name.startswith(".") and key not in registered  # e.g. a delete cut short
