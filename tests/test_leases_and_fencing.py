@@ -705,3 +705,54 @@ def test_the_epoch_grows_with_every_change_of_ownership_so_a_run_that_reclaims_o
         assert held.epoch == epochs[first] > epochs[second] and first < second
     with pytest.raises(Fenced):
         write_batch(settings, second)
+
+
+def test_a_standby_whose_launch_failed_is_ended_at_once_not_left_warming(settings: Settings, tmp_path) -> None:
+    """The master answers, then refuses the submission (HTTP 403, as a master whose REST key is not Changeover's):
+    the standby's row was written before the submission, and it is ended with the reason, so the move goes cold now
+    instead of after the ready deadline. The master is a stub serving its JSON and refusing submissions: a real
+    master cannot be made to answer its version and refuse only the submission here."""
+    import http.server
+    import json
+
+    class MasterJson(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = json.dumps({"url": "spark://127.0.0.1:1", "status": "ALIVE", "workers": [],
+                               "serverSparkVersion": "4.2.0"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.send_response(403)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    webui = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MasterJson)
+    threading.Thread(target=webui.serve_forever, daemon=True).start()
+    code = tmp_path / "clicks.py"
+    code.write_text("def build(spark, ctx):\n    return []\n")
+    with session_scope(settings.database_url) as s:
+        s.add(Master(version="4.2.0", host="127.0.0.1", port=1, webui_port=webui.server_address[1],
+                     rest_port=webui.server_address[1], status="RUNNING"))
+        s.add(Job(name="clicks", module="clicks", code=str(code), fault_tolerant=True, block_shutdown=False,
+                  options={}))
+        s.flush()
+        run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={})
+        s.add(run)
+        s.flush()
+        s.get(Job, "clicks").make_current(run)
+        live = run.id
+
+    try:
+        with pytest.raises(ChangeoverError, match="refused it with HTTP 403"):
+            jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", None, standby_of=live)
+    finally:
+        webui.shutdown()
+    with session_scope(settings.database_url) as s:
+        (standby,) = s.scalars(select(JobRun).where(JobRun.standby_of == live))
+        assert standby.ended_at is not None and standby.error.startswith("its launch failed: ")
+        assert s.get(Job, "clicks").current_run_id == live

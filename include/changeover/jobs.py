@@ -250,6 +250,30 @@ def launch(
         spark_settings = SparkSettings.from_options(job.options.get("spark") or {})
         stop_deadline = float(job.options.get("stop_deadline_seconds", 60))
         lease_seconds = lease.length_of(job)
+    try:
+        request = _submission(settings, runtime, master, job_name, version, run_id, module, entry, code,
+                              spark_settings, checkpoint_root, lease_seconds, stop_deadline,
+                              standby=standby_of is not None, allow_non_restored_state=allow_non_restored_state)
+        submission_id = master.create(request)
+    except Exception as exc:
+        if standby_of is not None:  # it never owned the job: ended now, not left "warming" until its ready deadline
+            lease.end_standby(settings.database_url, job_name, run_id, f"its launch failed: {exc}")
+        raise
+    faults.point(settings, "launch.submitted")  # a lost answer: the driver then records its id itself
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, run_id)
+        assert run is not None
+        run.submission_id = run.submission_id or submission_id
+        audit.record(s, "job.launch", "job", job_name, run=run_id, version=version, submission=submission_id,
+                     from_savepoint=from_savepoint)
+        return run
+
+
+def _submission(settings: Settings, runtime: Any, master: Any, job_name: str, version: str, run_id: int, module: str,
+                entry: str, code: str | None, spark_settings: SparkSettings, checkpoint_root: Path | None,
+                lease_seconds: float, stop_deadline: float, *, standby: bool,
+                allow_non_restored_state: bool) -> dict[str, Any]:
+    """The master's REST CreateSubmissionRequest for a run's driver."""
     if code is None or not Path(code).exists():
         raise ChangeoverError(f"launch of job {job_name}", f"its code artifact {code} is missing",
                               "submit the job again under a new name, or restore the artifact store")
@@ -269,10 +293,10 @@ def launch(
                  "--entry", entry, "--expected-version", version,
                  "--lease-seconds", str(lease_seconds), "--stop-deadline", str(stop_deadline)]
     app_args += ["--checkpoint-root", str(checkpoint_root)] if checkpoint_root else []
-    app_args += ["--standby"] if standby_of is not None else []
+    app_args += ["--standby"] if standby else []
     if allow_non_restored_state:
         app_args.append("--allow-non-restored-state")
-    request = {
+    return {
         "action": "CreateSubmissionRequest",
         "appResource": f"file:{entry_script}",
         "mainClass": "org.apache.spark.deploy.SparkSubmit",
@@ -288,15 +312,6 @@ def launch(
             "spark.driver.cores": "1",
         },
     }
-    submission_id = master.create(request)
-    faults.point(settings, "launch.submitted")  # a lost answer: the driver then records its id itself
-    with session_scope(settings.database_url) as s:
-        run = s.get(JobRun, run_id)
-        assert run is not None
-        run.submission_id = run.submission_id or submission_id
-        audit.record(s, "job.launch", "job", job_name, run=run_id, version=version, submission=submission_id,
-                     from_savepoint=from_savepoint)
-        return run
 
 
 def master_url(master: Any) -> str:
