@@ -29,16 +29,20 @@ def write_batch(settings: Settings, run_id: int, batch: int = 5) -> None:
         pass
 
 
-def _job_with_parked_run(settings: Settings, lease_left: float) -> int:
+def _job_with_running_run(settings: Settings, desired: str = "RUN", code: str | None = None) -> int:
     with session_scope(settings.database_url) as s:
-        s.add(Job(name="clicks", module="jobs.clicks", fault_tolerant=True, block_shutdown=False, options={},
-                  desired="MOVE"))
+        s.add(Job(name="clicks", module="jobs.clicks", code=code, fault_tolerant=True, block_shutdown=False,
+                  options={}, desired=desired))
         s.flush()
         run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={})
         s.add(run)
         s.flush()
         s.get(Job, "clicks").make_current(run)
-        run_id = run.id
+        return run.id
+
+
+def _job_with_parked_run(settings: Settings, lease_left: float) -> int:
+    run_id = _job_with_running_run(settings, desired="MOVE")
     lease.park(settings.database_url, "clicks", run_id, {"totals": 4}, seconds=lease_left)
     return run_id
 
@@ -662,13 +666,9 @@ def test_a_foreach_batch_delivery_outlasts_a_lost_registry_connection(settings: 
 
     if not settings.database_url.startswith("postgresql"):
         pytest.skip("SQLite has no server connection to lose; the PostgreSQL case is the one that restarts")
+    run_id = _job_with_running_run(settings)
     with session_scope(settings.database_url) as s:
-        s.add(Job(name="clicks", module="jobs.clicks", fault_tolerant=True, block_shutdown=False, options={}))
-        s.flush()
-        run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={})
-        s.add(run)
-        s.flush()
-        s.get(Job, "clicks").current_run_id = run_id = run.id
+        epoch = s.get(JobRun, run_id).epoch
     admin = create_engine(settings.database_url, isolation_level="AUTOCOMMIT")
     calls: list[tuple[list[str], int, int]] = []
 
@@ -684,7 +684,7 @@ def test_a_foreach_batch_delivery_outlasts_a_lost_registry_connection(settings: 
         deliver(users_function, WriteContext(settings.database_url, "clicks", "totals", run_id), ["a", "b"], 3)
     finally:
         admin.dispose()
-    assert calls == [(["a", "b"], 3, run_id)] * 2
+    assert calls == [(["a", "b"], 3, epoch)] * 2
     with session_scope(settings.database_url) as s:
         assert s.scalar(select(SinkLedger.batch_id).where(SinkLedger.job == "clicks")) == 3
 
@@ -738,14 +738,7 @@ def test_a_standby_whose_launch_failed_is_ended_at_once_not_left_warming(setting
     with session_scope(settings.database_url) as s:
         s.add(Master(version="4.2.0", host="127.0.0.1", port=1, webui_port=webui.server_address[1],
                      rest_port=webui.server_address[1], status="RUNNING"))
-        s.add(Job(name="clicks", module="clicks", code=str(code), fault_tolerant=True, block_shutdown=False,
-                  options={}))
-        s.flush()
-        run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={})
-        s.add(run)
-        s.flush()
-        s.get(Job, "clicks").make_current(run)
-        live = run.id
+    live = _job_with_running_run(settings, code=str(code))
 
     try:
         with pytest.raises(ChangeoverError, match="refused it with HTTP 403"):
