@@ -6,7 +6,9 @@ row locks, and the end-to-end tests drive the same code through real drivers.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -707,45 +709,95 @@ def test_the_epoch_grows_with_every_change_of_ownership_so_a_run_that_reclaims_o
         write_batch(settings, second)
 
 
-def test_a_standby_whose_launch_failed_is_ended_at_once_not_left_warming(settings: Settings, tmp_path) -> None:
-    """The master answers, then refuses the submission (HTTP 403, as a master whose REST key is not Changeover's):
-    the standby's row was written before the submission, and it is ended with the reason, so the move goes cold now
-    instead of after the ready deadline. The master is a stub serving its JSON and refusing submissions: a real
-    master cannot be made to answer its version and refuse only the submission here."""
+@contextlib.contextmanager
+def _stub_master(settings: Settings, accept: bool) -> Iterator[None]:
+    """A stand-in for the 4.2.0 group's master: its JSON, its REST version and driver status (drivers are KILLED),
+    and submissions accepted or refused with HTTP 403 (as a master whose REST key is not Changeover's). A real
+    master cannot be made to refuse only the submission, or to forget a driver at will."""
     import http.server
     import json
 
-    class MasterJson(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = json.dumps({"url": "spark://127.0.0.1:1", "status": "ALIVE", "workers": [],
-                               "serverSparkVersion": "4.2.0"}).encode()
-            self.send_response(200)
+    class Master42(http.server.BaseHTTPRequestHandler):
+        def _answer(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self._answer(200, {"url": "spark://127.0.0.1:1", "status": "ALIVE", "workers": [],
+                               "serverSparkVersion": "4.2.0", "driverState": "KILLED"})
 
         def do_POST(self) -> None:  # noqa: N802
-            self.send_response(403)
-            self.end_headers()
+            self._answer(200 if accept else 403, {"success": True, "submissionId": "driver-new",
+                                                  "serverSparkVersion": "4.2.0"})
 
         def log_message(self, *args: Any) -> None:
             pass
 
-    webui = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MasterJson)
-    threading.Thread(target=webui.serve_forever, daemon=True).start()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Master42)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    with session_scope(settings.database_url) as s:
+        s.add(Master(version="4.2.0", host="127.0.0.1", port=1, webui_port=port, rest_port=port, status="RUNNING"))
+    try:
+        yield
+    finally:
+        server.shutdown()
+
+
+def test_a_standby_whose_launch_failed_is_ended_at_once_not_left_warming(settings: Settings, tmp_path) -> None:
+    """The master refuses the submission: the standby's row was written before it, and it is ended with the reason,
+    so the move goes cold now instead of after the ready deadline."""
     code = tmp_path / "clicks.py"
     code.write_text("def build(spark, ctx):\n    return []\n")
-    with session_scope(settings.database_url) as s:
-        s.add(Master(version="4.2.0", host="127.0.0.1", port=1, webui_port=webui.server_address[1],
-                     rest_port=webui.server_address[1], status="RUNNING"))
     live = _job_with_running_run(settings, code=str(code))
-
-    try:
-        with pytest.raises(ChangeoverError, match="refused it with HTTP 403"):
-            jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", None, standby_of=live)
-    finally:
-        webui.shutdown()
+    with _stub_master(settings, accept=False), pytest.raises(ChangeoverError, match="refused it with HTTP 403"):
+        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", None, standby_of=live)
     with session_scope(settings.database_url) as s:
         (standby,) = s.scalars(select(JobRun).where(JobRun.standby_of == live))
         assert standby.ended_at is not None and standby.error.startswith("its launch failed: ")
         assert s.get(Job, "clicks").current_run_id == live
+
+
+def _killed_mid_move(settings: Settings, tmp_path: Any) -> JobRun:
+    code = tmp_path / "clicks.py"
+    code.write_text("def build(spark, ctx):\n    return []\n")
+    dead = _job_with_running_run(settings, desired="MOVE", code=str(code))
+    (tmp_path / "old-checkpoint" / "totals" / "offsets").mkdir(parents=True)
+    (tmp_path / "old-checkpoint" / "totals" / "metadata").write_text('{"id":"q"}')  # Spark's, kept at every batch
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, dead)
+        run.state, run.ended_at, run.submission_id = "KILLED", utcnow(), "driver-old"
+        run.checkpoint_root, run.error = str(tmp_path / "old-checkpoint"), "lost: no word from its master"
+        return run
+
+
+def test_a_run_declared_dead_is_fenced_before_its_checkpoint_is_copied(settings: Settings, tmp_path) -> None:
+    """Its driver may still run (a paused worker): the successor is the job's current run, so the dead run's sink
+    writes are refused, before its checkpoint is copied. Before, a batch it wrote between the copy and the hand-over
+    passed the fence, and the successor planned that batch id again with other offsets."""
+    dead = _killed_mid_move(settings, tmp_path)
+    with _stub_master(settings, accept=True):
+        new = jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "new-checkpoint",
+                          continues_move=dead.id, copy_from=dead)
+    order = [e.action for e in audit.find(settings.database_url, job="clicks")]
+    assert order.index("job.launch.begin") < order.index("job.resubmit") < order.index("job.launch")
+    with pytest.raises(Fenced):
+        write_batch(settings, dead.id)
+    with session_scope(settings.database_url) as s:
+        assert s.get(Job, "clicks").current_run_id == new.id
+
+
+def test_a_continuation_whose_checkpoint_cannot_be_laid_out_hands_the_job_back(settings: Settings, tmp_path) -> None:
+    dead = _killed_mid_move(settings, tmp_path)
+    (tmp_path / "not-a-folder").write_text("")
+    with _stub_master(settings, accept=True), pytest.raises(OSError):
+        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "not-a-folder" / "root",
+                    continues_move=dead.id, copy_from=dead)
+    with session_scope(settings.database_url) as s:
+        job = s.get(Job, "clicks")
+        assert job.current_run_id == dead.id and job.desired == "MOVE"  # the next try continues it again
+        (failed,) = s.scalars(select(JobRun).where(JobRun.id != dead.id))
+        assert failed.state == "FAILED" and failed.error.startswith("its checkpoint could not be laid out")

@@ -103,14 +103,13 @@ def submit(
                        rewind_sink=rewind_sink, accept_duplicates=accept_duplicates)
         return launch(settings, membership, name, version, root, from_savepoint, allow_non_restored_state)
     root = new_checkpoint_root(settings, name)
-    if continues is not None and continues.checkpoint_root and Path(continues.checkpoint_root).is_dir():
-        continue_from(settings, membership, continues, root)
-    return launch(settings, membership, name, version, root)
+    if continues is None or not continues.checkpoint_root or not Path(continues.checkpoint_root).is_dir():
+        continues = None
+    return launch(settings, membership, name, version, root, copy_from=continues)
 
 
-def continue_from(settings: Settings, membership: Membership, previous: JobRun, root: Path) -> None:
-    """Lay out the ended run's checkpoint as of its last commit, with the batch it had planned next, so the
-    resubmitted job replays that batch with the same offsets and goes on with the batch ids its sinks expect."""
+def _require_gone(membership: Membership, previous: JobRun) -> None:
+    """Its master does not run its driver any more: two drivers must not share a checkpoint."""
     if previous.submission_id is not None:
         try:
             status = membership.master(previous.spark_version).status(previous.submission_id)
@@ -120,6 +119,11 @@ def continue_from(settings: Settings, membership: Membership, previous: JobRun, 
             raise ChangeoverError(f"resubmit of job {previous.job}", f"the driver of its run {previous.id} is still "
                                   f"{status.state} according to its master, and two drivers must not share a "
                                   "checkpoint", "wait until it has ended (`changeover jobs`), then submit again")
+
+
+def _copy_checkpoint(settings: Settings, previous: JobRun, root: Path) -> None:
+    """Lay out the ended run's checkpoint as of its last commit, with the batch it had planned next, so the
+    resubmitted job replays that batch with the same offsets and goes on with the batch ids its sinks expect."""
     source = Path(previous.checkpoint_root or "")
     files = 0
     for stage in checkpoints.stage_names(source):
@@ -176,6 +180,7 @@ def launch(
     continues_move: int | None = None,
     continues_run: int | None = None,
     standby_of: int | None = None,
+    copy_from: JobRun | None = None,
 ) -> JobRun:
     """Place a Python driver on a worker of the version group through the master's REST server.
 
@@ -188,11 +193,16 @@ def launch(
     longer asked to move (someone cancelled or stopped it meanwhile) or another run took over.
     continues_run: the ended run this launch goes on from; refused unless it is still the job's current run, ended,
     and the job still wanted (desired RUN), so two continuations never both start.
+    copy_from: an ended run whose checkpoint this run goes on from, copied into `checkpoint_root` only once this run
+    is the job's current one: a run declared dead whose driver still runs is fenced before the copy, so no batch it
+    writes can fall between the copy and the hand-over (the successor would plan that batch id again).
     standby_of: the live run this launch is a warm standby for (see `changeover.warm`): it starts its session and
     its plans, and waits for its checkpoint, without becoming the job's current run; refused unless that run is
     still the job's current, running one and has no other standby.
     """
     runtime = find_runtime(settings.runtimes_dir, version)
+    if copy_from is not None:
+        _require_gone(membership, copy_from)
     master = membership.master(version)
     served = master.server_version()
     if served != version:  # the router's re-check, just before launch
@@ -239,6 +249,7 @@ def launch(
                      from_savepoint=from_savepoint, progress={})
         s.add(run)
         s.flush()
+        desired_before = job.desired
         if standby_of is None:
             job.make_current(run)
             job.desired = "RUN"
@@ -250,6 +261,12 @@ def launch(
         spark_settings = SparkSettings.from_options(job.options.get("spark") or {})
         stop_deadline = float(job.options.get("stop_deadline_seconds", 60))
         lease_seconds = lease.length_of(job)
+    if copy_from is not None:
+        try:
+            _copy_checkpoint(settings, copy_from, checkpoint_root or Path())
+        except Exception as exc:
+            _hand_back(settings, job_name, run_id, copy_from.id, desired_before, exc)
+            raise
     try:
         request = _submission(settings, runtime, master, job_name, version, run_id, module, entry, code,
                               spark_settings, checkpoint_root, lease_seconds, stop_deadline,
@@ -267,6 +284,21 @@ def launch(
         audit.record(s, "job.launch", "job", job_name, run=run_id, version=version, submission=submission_id,
                      from_savepoint=from_savepoint)
         return run
+
+
+def _hand_back(settings: Settings, job_name: str, run_id: int, previous: int, desired: str, exc: Exception) -> None:
+    """A launch that could not lay out its checkpoint was never submitted: the job goes back to the run it was to go
+    on from (ended, so the next try continues it again), and this run ends."""
+    with session_scope(settings.database_url) as s:
+        job = lock_row(s, Job, job_name)
+        run, before = s.get(JobRun, run_id), s.get(JobRun, previous)
+        assert run is not None and before is not None
+        if job.current_run_id == run_id:
+            job.make_current(before)
+            job.desired = desired
+        run.state, run.ended_at, run.error = "FAILED", utcnow(), f"its checkpoint could not be laid out: {exc}"
+        audit.record(s, "job.launch", "job", job_name, outcome="failed", run=run_id, reason=run.error,
+                     handed_back_to=previous)
 
 
 def _submission(settings: Settings, runtime: Any, master: Any, job_name: str, version: str, run_id: int, module: str,
@@ -536,8 +568,7 @@ def continue_ended_on(settings: Settings, membership: Membership, member: str, s
     for run in ended:
         root = new_checkpoint_root(settings, run.job)
         try:
-            continue_from(settings, membership, run, root)
-            launch(settings, membership, run.job, run.spark_version, root, continues_run=run.id)
+            launch(settings, membership, run.job, run.spark_version, root, continues_run=run.id, copy_from=run)
         except ChangeoverError as exc:  # another launch went first, or its driver is not gone yet
             log.warning("job %s: not continued from run %s: %s", run.job, run.id, exc)
             continue

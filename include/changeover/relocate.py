@@ -73,9 +73,8 @@ def step(
         _dismiss_standby(settings, membership, run.id, "its run was killed before the hand-over; the job goes on "
                          "from its checkpoint, cold")
         root = jobs.new_checkpoint_root(settings, job_name)
-        jobs.continue_from(settings, membership, run, root)
         moving = desired == "MOVE"  # the launch refuses if someone stopped the move, or the run, meanwhile
-        jobs.launch(settings, membership, job_name, target_version, root,
+        jobs.launch(settings, membership, job_name, target_version, root, copy_from=run,
                     continues_move=run.id if moving else None, continues_run=None if moving else run.id)
         return True
     raise ChangeoverError(f"move of job {job_name}", f"its run {run.id} ended as {run.state}",
