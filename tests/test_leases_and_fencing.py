@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -801,3 +802,38 @@ def test_a_continuation_whose_checkpoint_cannot_be_laid_out_hands_the_job_back(s
         assert job.current_run_id == dead.id and job.desired == "MOVE"  # the next try continues it again
         (failed,) = s.scalars(select(JobRun).where(JobRun.id != dead.id))
         assert failed.state == "FAILED" and failed.error.startswith("its checkpoint could not be laid out")
+
+
+def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
+        settings: Settings, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registry that refuses the driver (here its database is gone: a refused password or a read-only database
+    never clear either) ends the parked run's wait at once; one that does not answer (nothing listens) ends it
+    after the registry's patience. Either way the driver ends and frees its cores instead of holding them."""
+    import socket
+
+    from changeover.registry import db
+    from changeover.runtime.driver import Driver
+    from sqlalchemy.exc import OperationalError
+
+    if settings.database_url.startswith("postgresql"):
+        refusing = settings.database_url.rsplit("/", 1)[0] + "/no_such_registry"
+    else:
+        (tmp_path / "folder.db").mkdir()  # SQLite cannot open a folder as its database, whatever it retries
+        refusing = f"sqlite:///{tmp_path / 'folder.db'}"
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        silent = f"postgresql+psycopg://nobody@127.0.0.1:{closed.getsockname()[1]}/registry"
+
+    def parked_on(url: str) -> Any:
+        return Driver(Settings.from_env(home=tmp_path / "home", database_url=url), "clicks", 1, 60)
+
+    refused = parked_on(refusing)
+    with pytest.raises(OperationalError):
+        refused._decide()
+    monkeypatch.setattr(db, "REGISTRY_PATIENCE_SECONDS", 1.0)
+    unanswered = parked_on(silent)
+    started = time.monotonic()
+    with pytest.raises(OperationalError):
+        while unanswered._decide() == "wait":
+            pass
+    assert time.monotonic() - started >= 1.0  # it waited first: a restart would have cleared

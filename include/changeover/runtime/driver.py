@@ -24,7 +24,8 @@ from sqlalchemy import update
 
 from changeover import audit, checkpoints, lease
 from changeover.compat import plan
-from changeover.registry.db import TRANSIENT, lock_row, patiently, session_scope
+from changeover.registry import db
+from changeover.registry.db import TRANSIENT, lock_row, patiently, session_scope, transient
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.runtime.contract import JobContext, Stage
 from changeover.runtime.queries import StageQueries
@@ -100,6 +101,7 @@ class Driver:
         self.url = settings.database_url
         self.job = job
         self.run_id = run_id
+        self._unanswered_since: float | None = None  # when the parked run's registry calls began to fail
 
     def record_submission(self, cwd: Path) -> None:
         """The second half of a launch whose answer was lost (its task killed after the master accepted it):
@@ -367,12 +369,22 @@ class Driver:
 
     def _decide(self) -> lease.Decision:
         """The lease's decision; a registry that does not answer means wait, not fail: the run is parked on a
-        clean boundary, and failing would leave it unresumable."""
+        clean boundary, and failing would leave it unresumable. Only what clears is waited for, and only for the
+        registry's patience: a refused password, a missing or read-only database, or an outage past that raise,
+        and the driver ends, freeing its cores (its master then reports it ended)."""
         try:
-            return lease.decide(self.url, self.job, self.run_id)
+            decision = lease.decide(self.url, self.job, self.run_id)
         except TRANSIENT as exc:
+            now = time.monotonic()
+            self._unanswered_since = self._unanswered_since or now
+            if not transient(exc) or now - self._unanswered_since > db.REGISTRY_PATIENCE_SECONDS:
+                log.error("job %s run %s: parked, and %s answers no (%s); giving up the lease and ending",
+                          self.job, self.run_id, self.registry, str(exc).splitlines()[0])
+                raise
             log.warning("%s: the database did not answer (%s); still parked", self.registry, exc)
             return "wait"
+        self._unanswered_since = None
+        return decision
 
 
 def stop_queries(spark: Any) -> None:
