@@ -123,7 +123,7 @@ def test_a_sink_in_another_database_refuses_an_older_epoch_though_the_registry_l
         s.get(Job, "j").current_run_id = older
 
     with pytest.raises(Fenced, match="the sink's own database has merged a batch of epoch"):
-        merge(older, 1, 100)
+        merge(older, 2, 100)  # a batch the ledger does not have: only the epoch refuses it
     assert _table(sink) == {"a": 2}
     assert [e.action for e in audit.find(settings.database_url, job="j")][-1] == "sink.fenced"
 

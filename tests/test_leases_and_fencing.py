@@ -647,6 +647,11 @@ def test_a_savepoint_being_built_holds_the_parked_runs_lease_and_only_while_it_b
     def extensions() -> int:
         return len([e for e in audit.find(settings.database_url, job="clicks") if e.action == "job.lease.extend"])
 
+    with session_scope(settings.database_url) as s:  # a withdrawn stop: nothing to hold
+        s.get(Job, "clicks").desired = "RUN"
+    assert lease.extend(settings.database_url, "clicks", run_id) is None
+    with session_scope(settings.database_url) as s:
+        s.get(Job, "clicks").desired = "MOVE"
     with savepoints._leased(settings, "clicks", "sp", "builder", parked_run=run_id):
         wait_for(lambda: extensions() >= 3 and utcnow() > first_until, 30, "the build outlasting the first lease")
         assert lease.decide(settings.database_url, "clicks", run_id) == "wait"
@@ -711,7 +716,7 @@ def test_the_epoch_grows_with_every_change_of_ownership_so_a_run_that_reclaims_o
 
 
 @contextlib.contextmanager
-def _stub_master(settings: Settings, accept: bool) -> Iterator[None]:
+def _stub_master(settings: Settings, accept: bool, on_submit: Any = None) -> Iterator[None]:
     """A stand-in for the 4.2.0 group's master: its JSON, its REST version and driver status (drivers are KILLED),
     and submissions accepted or refused with HTTP 403 (as a master whose REST key is not Changeover's). A real
     master cannot be made to refuse only the submission, or to forget a driver at will."""
@@ -731,6 +736,8 @@ def _stub_master(settings: Settings, accept: bool) -> Iterator[None]:
                                "serverSparkVersion": "4.2.0", "driverState": "KILLED"})
 
         def do_POST(self) -> None:  # noqa: N802
+            if on_submit is not None:
+                on_submit()
             self._answer(200 if accept else 403, {"success": True, "submissionId": "driver-new",
                                                   "serverSparkVersion": "4.2.0"})
 
@@ -741,7 +748,7 @@ def _stub_master(settings: Settings, accept: bool) -> Iterator[None]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
     with session_scope(settings.database_url) as s:
-        s.add(Master(version="4.2.0", host="127.0.0.1", port=1, webui_port=port, rest_port=port, status="RUNNING"))
+        s.merge(Master(version="4.2.0", host="127.0.0.1", port=1, webui_port=port, rest_port=port, status="RUNNING"))
     try:
         yield
     finally:
@@ -801,7 +808,44 @@ def test_a_continuation_whose_checkpoint_cannot_be_laid_out_hands_the_job_back(s
         job = s.get(Job, "clicks")
         assert job.current_run_id == dead.id and job.desired == "MOVE"  # the next try continues it again
         (failed,) = s.scalars(select(JobRun).where(JobRun.id != dead.id))
-        assert failed.state == "FAILED" and failed.error.startswith("its checkpoint could not be laid out")
+        assert failed.state == "FAILED" and failed.error.startswith("its launch failed before a driver ran")
+
+
+def test_a_continuation_refused_by_its_master_hands_the_job_back_and_a_stop_asked_meanwhile_stands(
+        settings: Settings, tmp_path) -> None:
+    dead = _killed_mid_move(settings, tmp_path)
+    with _stub_master(settings, accept=False), pytest.raises(ChangeoverError, match="HTTP 403"):
+        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "new", continues_move=dead.id,
+                    copy_from=dead)
+    with session_scope(settings.database_url) as s:
+        job = s.get(Job, "clicks")
+        assert (job.current_run_id, job.desired) == (dead.id, "MOVE")
+
+    def users_stop() -> None:  # asked while the retry's submission is on its way
+        with session_scope(settings.database_url) as s:
+            s.get(Job, "clicks").desired = "STOP"
+
+    with _stub_master(settings, accept=False, on_submit=users_stop), pytest.raises(ChangeoverError):
+        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "newer", continues_move=dead.id,
+                    copy_from=dead)
+    with session_scope(settings.database_url) as s:
+        assert (s.get(Job, "clicks").current_run_id, s.get(Job, "clicks").desired) == (dead.id, "STOP")
+
+
+def test_a_layout_cut_short_is_never_taken_for_a_checkpoint(settings: Settings, tmp_path) -> None:
+    """The task laying out a dead run's checkpoint is killed mid-copy: the next continuation copies from the
+    checkpoint that one was copied from, not from the half-copied folder (whose missing stages would start over)."""
+    dead = _killed_mid_move(settings, tmp_path)
+    half = tmp_path / "half-copied"
+    half.mkdir()
+    (half / jobs.LAYING_OUT).write_text(dead.checkpoint_root)  # as a copy killed before its end leaves it
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, dead.id).checkpoint_root = str(half)
+        dead = s.get(JobRun, dead.id)
+    with _stub_master(settings, accept=True):
+        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "next", continues_move=dead.id,
+                    copy_from=dead)
+    assert (tmp_path / "next" / "totals" / "metadata").exists() and not (tmp_path / "next" / jobs.LAYING_OUT).exists()
 
 
 def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(

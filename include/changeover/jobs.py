@@ -121,19 +121,38 @@ def _require_gone(membership: Membership, previous: JobRun) -> None:
                                   "checkpoint", "wait until it has ended (`changeover jobs`), then submit again")
 
 
+LAYING_OUT = ".laying-out"  # in a checkpoint root being laid out: the root it is copied from
+
+
 def _copy_checkpoint(settings: Settings, previous: JobRun, root: Path) -> None:
     """Lay out the ended run's checkpoint as of its last commit, with the batch it had planned next, so the
-    resubmitted job replays that batch with the same offsets and goes on with the batch ids its sinks expect."""
-    source = Path(previous.checkpoint_root or "")
+    resubmitted job replays that batch with the same offsets and goes on with the batch ids its sinks expect.
+    The root is marked while it is laid out: a copy cut short (its task killed) is never taken for a checkpoint."""
+    source = _whole_source(Path(previous.checkpoint_root or ""))
+    root.mkdir(parents=True, exist_ok=True)
+    (root / LAYING_OUT).write_text(str(source))
     files = 0
     for stage in checkpoints.stage_names(source):
         batch = checkpoints.last_commit(source / stage)
         batch = -1 if batch is None else batch
         files += len(checkpoints.snapshot_stage(source / stage, root / stage, batch).files)
         files += len(checkpoints.snapshot_pending(source / stage, root / stage, batch).files)
+    (root / LAYING_OUT).unlink()
     with session_scope(settings.database_url) as s:
         audit.record(s, "job.resubmit", "job", previous.job, run=previous.id, checkpoint=str(source),
                      into=str(root), files=files)
+
+
+def _whole_source(root: Path) -> Path:
+    """The checkpoint to go on from: a root whose layout was cut short stands for the one it was copied from."""
+    seen = {root}
+    while (marker := root / LAYING_OUT).exists():
+        root = Path(marker.read_text())
+        if root in seen:
+            raise ChangeoverError(f"checkpoint {root}", "its layout markers form a loop",
+                                  "resume the job from its newest savepoint")
+        seen.add(root)
+    return root
 
 
 def resume(
@@ -209,13 +228,12 @@ def launch(
         raise ChangeoverError(f"launch of job {job_name} on the {version} group",
                               f"its master now serves Spark {served}", "retry: routing will pick the group again")
     with session_scope(settings.database_url) as s:
-        job = get_job(s, job_name)
-        if continues_move is not None:
-            job = lock_row(s, Job, job_name)
-            if job.desired != "MOVE" or job.current_run_id != continues_move:
-                raise ChangeoverError(f"launch of job {job_name} to continue its move", f"it is no longer asked "
-                                      f"to move from run {continues_move}: someone stopped it, or another run "
-                                      "took over", "leave it as it is; retry the task to look at the job again")
+        get_job(s, job_name)  # a clear refusal for an unknown job
+        job = lock_row(s, Job, job_name)  # every launch: a new owner's epoch is decided under the lock
+        if continues_move is not None and (job.desired != "MOVE" or job.current_run_id != continues_move):
+            raise ChangeoverError(f"launch of job {job_name} to continue its move", f"it is no longer asked "
+                                  f"to move from run {continues_move}: someone stopped it, or another run "
+                                  "took over", "leave it as it is; retry the task to look at the job again")
         if continues_run is not None:
             job = lock_row(s, Job, job_name)
             ended = current_run(s, job)
@@ -249,7 +267,6 @@ def launch(
                      from_savepoint=from_savepoint, progress={})
         s.add(run)
         s.flush()
-        desired_before = job.desired
         if standby_of is None:
             job.make_current(run)
             job.desired = "RUN"
@@ -265,16 +282,23 @@ def launch(
         try:
             _copy_checkpoint(settings, copy_from, checkpoint_root or Path())
         except Exception as exc:
-            _hand_back(settings, job_name, run_id, copy_from.id, desired_before, exc)
+            _hand_back(settings, job_name, run_id, copy_from.id, exc, moving=continues_move is not None)
             raise
+        with session_scope(settings.database_url) as s:  # the loss deadline counts from the submission, not the copy
+            s.execute(update(JobRun).where(JobRun.id == run_id).values(submitted_at=utcnow()))
     try:
         request = _submission(settings, runtime, master, job_name, version, run_id, module, entry, code,
                               spark_settings, checkpoint_root, lease_seconds, stop_deadline,
                               standby=standby_of is not None, allow_non_restored_state=allow_non_restored_state)
         submission_id = master.create(request)
-    except Exception as exc:
+    except MasterUnreachable:
+        raise  # the master may have taken it: the driver names its submission itself, or the loss deadline ends it
+    except Exception as exc:  # refused for good, or never sent: no driver will run
         if standby_of is not None:  # it never owned the job: ended now, not left "warming" until its ready deadline
             lease.end_standby(settings.database_url, job_name, run_id, f"its launch failed: {exc}")
+        else:
+            _hand_back(settings, job_name, run_id, copy_from.id if copy_from else None, exc,
+                       moving=continues_move is not None)
         raise
     faults.point(settings, "launch.submitted")  # a lost answer: the driver then records its id itself
     with session_scope(settings.database_url) as s:
@@ -286,17 +310,23 @@ def launch(
         return run
 
 
-def _hand_back(settings: Settings, job_name: str, run_id: int, previous: int, desired: str, exc: Exception) -> None:
-    """A launch that could not lay out its checkpoint was never submitted: the job goes back to the run it was to go
-    on from (ended, so the next try continues it again), and this run ends."""
+def _hand_back(settings: Settings, job_name: str, run_id: int, previous: int | None, exc: Exception,
+               moving: bool = False) -> None:
+    """A launch whose driver will never run (its checkpoint could not be laid out, or its master refused it): this
+    run ends FAILED, which a parked run it replaces sees at once, and a job continued from an ended run goes back to
+    that run, so the next try continues it again. A user's stop meanwhile stands."""
     with session_scope(settings.database_url) as s:
         job = lock_row(s, Job, job_name)
-        run, before = s.get(JobRun, run_id), s.get(JobRun, previous)
-        assert run is not None and before is not None
-        if job.current_run_id == run_id:
+        run = s.get(JobRun, run_id)
+        before = s.get(JobRun, previous) if previous is not None else None
+        assert run is not None
+        if run.ended_at is not None:
+            return
+        if before is not None and job.current_run_id == run_id:
             job.make_current(before)
-            job.desired = desired
-        run.state, run.ended_at, run.error = "FAILED", utcnow(), f"its checkpoint could not be laid out: {exc}"
+            if job.desired == "RUN" and moving:  # what the launch set; a stop asked since is left as it is
+                job.desired = "MOVE"
+        run.state, run.ended_at, run.error = "FAILED", utcnow(), f"its launch failed before a driver ran: {exc}"
         audit.record(s, "job.launch", "job", job_name, outcome="failed", run=run_id, reason=run.error,
                      handed_back_to=previous)
 

@@ -63,8 +63,9 @@ def abort(settings: Settings, cluster: LocalCluster, key: str, reason: str = "ab
             audit.record(s, "upgrade.abort", "upgrade", key, outcome="failed", reason=reason,
                          members_returned=returned, jobs_resumed=resumed, problems=down)
         raise ChangeoverError(f"abort of upgrade {key}", "; ".join(down),
-                              "mend the cause (see `changeover events`) and run `changeover upgrade abort` again, "
-                              "or resume the job from its savepoint with `changeover submit --from-savepoint`")
+                              "mend the cause (see `changeover events`), then run `changeover upgrade abort` again "
+                              "(a job still asked to move is relaunched) or `changeover submit CODE --name JOB` (an "
+                              "ended job goes on from its checkpoint); its savepoint stays held until then")
     with session_scope(settings.database_url) as s:
         run = lock_row(s, UpgradeRun, _get(s, key).id)
         was = run.status

@@ -115,9 +115,16 @@ def jobs_left_down(settings: Settings, cluster: LocalCluster, upgrade_key: str) 
         run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
         watched = set(((run.progress or {}) if run else {}).get("jobs", []))
         started = run.started_at if run else None
-    return [down for job, job_run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True)
-            if (job_run is None or job_run.state not in jobs.LIVE)
-            and (down := _down(settings, upgrade_key, job, job_run, watched, started)) is not None]
+    down = []
+    for job, job_run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True):
+        unconfirmed = job_run is not None and job_run.state == "SUBMITTED" and job_run.submission_id is None
+        if unconfirmed and job.name in watched and job.desired != "STOP":  # its launch's answer was lost
+            down.append(f"job {job.name}: no master has confirmed the driver of its run {job_run.id}, launched "
+                        "without an answer; it may not run")
+        elif (job_run is None or job_run.state not in jobs.LIVE) and \
+                (found := _down(settings, upgrade_key, job, job_run, watched, started)) is not None:
+            down.append(found)
+    return down
 
 
 def _down(settings: Settings, upgrade_key: str, job: Any, job_run: Any, watched: set[str],

@@ -19,7 +19,7 @@ METADATA = sa.MetaData()
 COUNTS = sa.Table("click_audit_counts", METADATA, sa.Column("batch_id", sa.BigInteger, primary_key=True),
                   sa.Column("key", sa.String(100), primary_key=True), sa.Column("events", sa.BigInteger),
                   sa.Column("epoch", sa.BigInteger))
-EPOCHS = sa.Table("click_audit_epoch", METADATA, sa.Column("id", sa.Integer, primary_key=True),
+EPOCHS = sa.Table("click_audit_epochs", METADATA, sa.Column("job", sa.String(100), primary_key=True),
                   sa.Column("epoch", sa.BigInteger))
 
 
@@ -27,17 +27,19 @@ class StaleEpoch(RuntimeError):
     pass
 
 
-def writer(url: str) -> Any:
+def writer(url: str, job: str) -> Any:
+    """Epochs are per job: each job's epoch grows with its own changes of ownership."""
+
     def write(batch: Any, batch_id: int, epoch: int) -> None:
         rows = [r.asDict() for r in batch.groupBy("key").count().collect()]  # a dozen keys: small
         engine = sa.create_engine(url)
         METADATA.create_all(engine, checkfirst=True)
         with engine.begin() as connection:
-            newest = connection.scalar(sa.select(EPOCHS.c.epoch).where(EPOCHS.c.id == 1).with_for_update())
+            newest = connection.scalar(sa.select(EPOCHS.c.epoch).where(EPOCHS.c.job == job).with_for_update())
             if newest is not None and newest > epoch:
-                raise StaleEpoch(f"epoch {epoch} is older than {newest}, which already wrote")
-            connection.execute(sa.delete(EPOCHS).where(EPOCHS.c.id == 1))
-            connection.execute(sa.insert(EPOCHS).values(id=1, epoch=max(epoch, newest or 0)))
+                raise StaleEpoch(f"job {job}: epoch {epoch} is older than {newest}, which already wrote")
+            connection.execute(sa.delete(EPOCHS).where(EPOCHS.c.job == job))
+            connection.execute(sa.insert(EPOCHS).values(job=job, epoch=max(epoch, newest or 0)))
             connection.execute(sa.delete(COUNTS).where(COUNTS.c.batch_id == batch_id))
             if rows:
                 connection.execute(sa.insert(COUNTS), [{"batch_id": batch_id, "key": r["key"],
@@ -58,5 +60,5 @@ def totals(url: str) -> dict[str, int]:
 
 def build(spark: Any, ctx: JobContext) -> list[Stage]:
     events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 20).json(ctx.options["landing"])
-    sink = ForeachBatch(writer(ctx.options["audit_url"]), guarantee="idempotent")
+    sink = ForeachBatch(writer(ctx.options["audit_url"], ctx.job), guarantee="idempotent")
     return [Stage("audit", events, sink, "append", ctx.options.get("trigger", "1 second"))]

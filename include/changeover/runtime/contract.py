@@ -27,5 +27,11 @@ class Stage:
 @dataclass(frozen=True)
 class JobContext:
     job: str
-    run_id: int  # a foreachBatch function's third argument is the fencing epoch, which can change with ownership
+    run_id: int
     options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def epoch(self) -> int:
+        """Kept for jobs written against it: the run's id. The fencing epoch, which grows with every change of the
+        job's ownership, is the third argument a foreachBatch function is given."""
+        return self.run_id

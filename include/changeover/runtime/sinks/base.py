@@ -15,7 +15,7 @@ class WriteContext:
     registry_url: str
     job: str
     stage: str
-    run_id: int  # the fencing epoch
+    run_id: int  # the writing run (its fencing epoch is read under the fence: `fence.Held.epoch`)
 
 
 class Sink(ABC):

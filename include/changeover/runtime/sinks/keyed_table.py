@@ -121,8 +121,12 @@ def _reflect(url: str, table: str, keys: tuple[str, ...]) -> _Tables:
     for made in (staging, undo, ledger, epochs):
         made.create(engine, checkfirst=True)
     if ATTEMPT not in {c["name"] for c in inspector.get_columns(staging.name)}:  # staged before attempts were tagged
-        with engine.begin() as connection:
-            connection.execute(sa.text(f"ALTER TABLE {staging.name} ADD COLUMN {ATTEMPT} BIGINT"))
+        try:
+            with engine.begin() as connection:
+                connection.execute(sa.text(f"ALTER TABLE {staging.name} ADD COLUMN {ATTEMPT} BIGINT"))
+        except sa.exc.DBAPIError:  # another driver added it first
+            if ATTEMPT not in {c["name"] for c in sa.inspect(engine).get_columns(staging.name)}:
+                raise
     return _Tables(target, staging, undo, ledger, epochs)  # type: ignore[arg-type]
 
 
@@ -261,8 +265,9 @@ class KeyedTable(Sink):
         staging, target, undo, ledger = tables.staging.c, tables.target, tables.undo, tables.ledger
         mine = ((staging[OWNER] == owner) & (staging[BATCH] == batch_id) & (staging[RUN] == context.run_id)
                 & sa.tuple_(staging[PART], staging[ATTEMPT]).in_([tuple(s) for s in staged]))
-        # inside the fence, every run's rows of this batch are done with: only the current run merges, once
-        clear = sa.delete(tables.staging).where(staging[OWNER] == owner, staging[BATCH] == batch_id)
+        # inside the fence, every run's rows of this batch and the ones before are done with (a zombie attempt may
+        # have staged after its batch merged): only the current run merges, once
+        clear = sa.delete(tables.staging).where(staging[OWNER] == owner, staging[BATCH] <= batch_id)
         if connection.scalar(sa.select(ledger.c.batch_id).where(
                 ledger.c.job == context.job, ledger.c.stage == context.stage,
                 ledger.c.batch_id == batch_id)) is not None:
