@@ -9,7 +9,7 @@ from datetime import datetime
 
 from sqlalchemy import or_, select
 
-from changeover import audit, jobs, savepoints, warm
+from changeover import audit, jobs, lease, savepoints, warm
 from changeover.cluster import Membership
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
@@ -56,6 +56,7 @@ def step(
         # One savepoint per stop: a run that resumed when its lease ran out and stopped again gets a new one.
         name = f"{reason}-run{run.id}-stop{run.parks}"
         savepoints.take(settings, job_name, name, upgrade_key=upgrade_key, exist_ok=True)
+        lease.extend(settings.database_url, job_name, run.id)  # a whole lease for the restore (a copy across stores)
         root = savepoints.restore(settings, job_name, name)
         standby = warm.standby_of(settings, membership, run.id)
         if (standby is not None and standby.ready_at is not None and standby.spark_version == target_version
