@@ -57,6 +57,7 @@ runtimes: $(VENV)/.installed
 airflow-db: $(VENV)/.installed
 	@mkdir -p $(AIRFLOW_HOME)
 	$(BIN)/airflow db migrate >/dev/null
+	$(BIN)/changeover db upgrade >/dev/null
 
 clean:
 	-$(BIN)/changeover cluster down

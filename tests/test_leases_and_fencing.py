@@ -352,12 +352,16 @@ def test_outside_the_drain_window_no_drain_starts(settings: Settings) -> None:
     assert not [e for e in audit.find(settings.database_url, member="m1") if e.action.startswith("drain.")]
 
 
-def test_events_filter_by_job_member_upgrade_and_time(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CHANGEOVER_UPGRADE", "up-1")
-    with session_scope(settings.database_url) as s:
-        audit.record(s, "drain.begin", "member", "m1")
-        audit.record(s, "job.request_stop", "job", "clicks", member="m1")
-    monkeypatch.delenv("CHANGEOVER_UPGRADE")
+def test_events_filter_by_job_member_upgrade_and_time(settings: Settings) -> None:
+    import contextvars
+
+    def as_a_task_of_the_upgrade() -> None:  # in a context of its own, as each Airflow task is
+        audit.act_as(audit.Acting("someone via airflow:rolling_upgrade/r1/roll#1", upgrade="up-1"))
+        with session_scope(settings.database_url) as s:
+            audit.record(s, "drain.begin", "member", "m1")
+            audit.record(s, "job.request_stop", "job", "clicks", member="m1")
+
+    contextvars.copy_context().run(as_a_task_of_the_upgrade)
     with session_scope(settings.database_url) as s:
         audit.record(s, "job.launch", "job", "other")
     url = settings.database_url

@@ -1,3 +1,6 @@
+from pathlib import Path
+
+import pytest
 from changeover import audit
 from changeover.registry.db import engine_for, session_scope
 from changeover.registry.models import Event
@@ -72,3 +75,23 @@ def test_a_database_that_answers_no_is_not_waited_for() -> None:
     with pytest.raises(OperationalError) as refused, engine_for(missing).connect():
         pass
     assert "does not exist" in str(refused.value) and not transient(refused.value)
+
+
+def test_airflow_refuses_a_registry_behind_this_codes_schema_until_db_upgrade(database_url: str,
+                                                                               tmp_path: Path) -> None:
+    """Tasks and triggers only read the schema's revision; `changeover db upgrade` is the one step that migrates."""
+    import os
+    import subprocess
+    import sys
+
+    from changeover.errors import ChangeoverError
+    from changeover.registry.schema import require_current
+
+    url = database_url  # a new, empty database of each kind
+    with pytest.raises(ChangeoverError, match=r"schema is at revision none, and this code needs .*db upgrade"):
+        require_current(url)
+    env = {**os.environ, **Settings.from_env(home=tmp_path / "home", database_url=url).as_env()}
+    done = subprocess.run([sys.executable, "-m", "changeover", "db", "upgrade"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    require_current(url)

@@ -6,6 +6,8 @@ import getpass
 import json
 import logging
 import os
+from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -18,14 +20,30 @@ from changeover.registry.models import Event, utcnow
 log = logging.getLogger("changeover.audit")
 
 
+@dataclass(frozen=True)
+class Acting:
+    actor: str  # the person who triggered the Airflow run, then DAG, run, task and try
+    upgrade: str | None = None  # the upgrade the task works for, so `changeover events --upgrade` finds its actions
+
+
+_acting: ContextVar[Acting | None] = ContextVar("changeover_acting", default=None)
+
+
+def act_as(acting: Acting) -> None:
+    """Name who acts for what follows in this task (a context variable, not the environment: the task's child
+    processes and other tasks are not told)."""
+    _acting.set(acting)
+
+
 def current_actor() -> str:
-    """Who acts: the person who triggered the Airflow run (then DAG, run, task and try), or the CLI's user."""
-    return os.environ.get("CHANGEOVER_ACTOR") or f"cli:{getpass.getuser()}"
+    """Who acts: the Airflow task's person and task, a driver's job (CHANGEOVER_ACTOR), or the CLI's user."""
+    acting = _acting.get()
+    return acting.actor if acting else os.environ.get("CHANGEOVER_ACTOR") or f"cli:{getpass.getuser()}"
 
 
 def current_upgrade() -> str | None:
-    """The upgrade this process works for, so `changeover events --upgrade` finds every action of it."""
-    return os.environ.get("CHANGEOVER_UPGRADE") or None
+    acting = _acting.get()
+    return acting.upgrade if acting else None
 
 
 def record(

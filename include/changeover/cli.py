@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from sqlalchemy.engine import make_url
 
 from changeover import audit, drain, jobs, maintenance, recovery, savepoints, upgrade, upgrades
 from changeover.cluster import LocalCluster
@@ -34,6 +35,8 @@ app.add_typer(upgrades_app, name="upgrades")
 upgrade_app = typer.Typer(help="One member's upgrade, and a failed upgrade's status, abort or resume.",
                           no_args_is_help=True)
 app.add_typer(upgrade_app, name="upgrade")
+db_app = typer.Typer(help="The registry's schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
 maintenance_app = typer.Typer(help="Members marked for the next drain window.", invoke_without_command=True)
 app.add_typer(maintenance_app, name="maintenance")
 # Markup off: job code, paths and Spark's messages hold brackets that Rich would read as tags.
@@ -56,6 +59,13 @@ def _emit(rows: list[dict[str, Any]] | dict[str, Any], as_json: bool, columns: l
         table.add_row(*[f"{row[key]:,}" if isinstance(row[key], int) and not isinstance(row[key], bool)
                         else str(row[key]) for _, key in columns])
     out.print(table)
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Bring the registry to this version's schema (Airflow's tasks refuse a registry that is not there)."""
+    settings = _settings()
+    out.print(f"registry schema current at {make_url(settings.database_url).render_as_string(hide_password=True)}")
 
 
 @cluster_app.command("up")

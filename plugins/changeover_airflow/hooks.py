@@ -6,8 +6,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.sdk.log import mask_secret
-from changeover.cluster import LocalCluster
-from changeover.registry.schema import migrate
+from changeover.registry.schema import require_current
 from changeover.settings import Settings
 from sqlalchemy.engine import make_url
 
@@ -41,7 +40,7 @@ class ChangeoverHook(BaseHook):
         settings = Settings.from_env(home=extra.get("home"), database_url=url,
                                      rest_key_file=extra.get("rest_key_file"))
         self._mask(settings.database_url)
-        migrate(settings.database_url)
+        require_current(settings.database_url)
         return settings
 
     @staticmethod
@@ -62,6 +61,3 @@ class ChangeoverHook(BaseHook):
         if password:
             mask_secret(str(password))
             mask_secret(url)
-
-    def get_cluster(self) -> LocalCluster:
-        return LocalCluster(self.get_settings())

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -8,7 +7,7 @@ from typing import Any
 
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
-from changeover import jobs, maintenance, roll, savepoints, update, upgrade, upgrades, verify
+from changeover import audit, jobs, maintenance, roll, savepoints, update, upgrade, upgrades, verify
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.settings import Settings
@@ -38,9 +37,8 @@ class ChangeoverOperator(BaseOperator):
         ti = context["ti"]
         # The person first: the user who triggered the run (a scheduled run has none), then where it ran.
         user = getattr(context.get("dag_run"), "triggering_user_name", None) or "scheduler"
-        os.environ["CHANGEOVER_ACTOR"] = f"{user} via airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}#{ti.try_number}"
-        if self.upgrade_step:
-            os.environ["CHANGEOVER_UPGRADE"] = upgrade_key(context)
+        audit.act_as(audit.Acting(f"{user} via airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}#{ti.try_number}",
+                                  upgrade_key(context) if self.upgrade_step else None))
         settings = ChangeoverHook(self.changeover_conn_id).get_settings()
         return settings, LocalCluster(settings)
 
