@@ -12,6 +12,7 @@ place, and only then marked COMPLETED. A crash at any moment leaves a complete s
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import shutil
@@ -129,7 +130,9 @@ def _leased(settings: Settings, job_name: str, name: str, owner: str,
             except OperationalError:
                 continue  # the registry busy or away for a moment; `check` notices if it is away too long
 
-    keeper = threading.Thread(target=renew, name=f"savepoint-lease-{job_name}-{name}", daemon=True)
+    # in this context: its events name the task's actor and upgrade (`audit.act_as`), as the builder's do
+    keeper = threading.Thread(target=contextvars.copy_context().run, args=(renew,),
+                              name=f"savepoint-lease-{job_name}-{name}", daemon=True)
     keeper.start()
     try:
         yield lease
