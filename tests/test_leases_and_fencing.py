@@ -757,6 +757,7 @@ def _stub_master(settings: Settings, accept: bool, on_submit: Any = None) -> Ite
         yield
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def test_a_standby_whose_launch_failed_is_ended_at_once_not_left_warming(settings: Settings, tmp_path) -> None:
@@ -852,6 +853,30 @@ def test_a_layout_cut_short_is_never_taken_for_a_checkpoint(settings: Settings, 
     assert (tmp_path / "next" / "totals" / "metadata").exists() and not (tmp_path / "next" / jobs.LAYING_OUT).exists()
 
 
+def test_a_launch_still_laying_out_its_checkpoint_is_not_taken_for_never_accepted(
+        settings: Settings, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large state copies slowly: the run has no submission id yet, and its silence passes the loss deadline, but
+    it is not ended while its root is marked; once the marker is gone (a copy cut short never removes it, and the
+    next continuation copies from the source), the deadline applies again."""
+    monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "0")
+    run_id = _job_with_running_run(settings)
+    root = tmp_path / "laying-out"
+    root.mkdir()
+    (root / jobs.LAYING_OUT).write_text("/elsewhere")
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, run_id)
+        run.state, run.checkpoint_root, run.submitted_at = "SUBMITTED", str(root), utcnow() - timedelta(hours=1)
+    with session_scope(settings.database_url) as s:
+        jobs._unaccepted(s, s.get(JobRun, run_id))
+    with session_scope(settings.database_url) as s:
+        assert s.get(JobRun, run_id).ended_at is None
+    (root / jobs.LAYING_OUT).unlink()
+    with session_scope(settings.database_url) as s:
+        jobs._unaccepted(s, s.get(JobRun, run_id))
+    with session_scope(settings.database_url) as s:
+        assert s.get(JobRun, run_id).state == "KILLED"
+
+
 def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
         settings: Settings, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A registry that refuses the driver (here its database is gone: a refused password or a read-only database
@@ -868,9 +893,9 @@ def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
     else:
         (tmp_path / "folder.db").mkdir()  # SQLite cannot open a folder as its database, whatever it retries
         refusing = f"sqlite:///{tmp_path / 'folder.db'}"
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        silent = f"postgresql+psycopg://nobody@127.0.0.1:{closed.getsockname()[1]}/registry"
+    closed = socket.socket()  # bound, never listening, held for the test: connections to it are refused
+    closed.bind(("127.0.0.1", 0))
+    silent = f"postgresql+psycopg://nobody@127.0.0.1:{closed.getsockname()[1]}/registry"
 
     def parked_on(url: str) -> Any:
         return Driver(Settings.from_env(home=tmp_path / "home", database_url=url), "clicks", 1, 60)
@@ -881,7 +906,10 @@ def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
     monkeypatch.setattr(db, "REGISTRY_PATIENCE_SECONDS", 1.0)
     unanswered = parked_on(silent)
     started = time.monotonic()
-    with pytest.raises(OperationalError):
-        while unanswered._decide() == "wait":
-            pass
+    try:
+        with pytest.raises(OperationalError):
+            while unanswered._decide() == "wait":
+                time.sleep(0.05)
+    finally:
+        closed.close()
     assert time.monotonic() - started >= 1.0  # it waited first: a restart would have cleared

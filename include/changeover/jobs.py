@@ -267,6 +267,11 @@ def launch(
                      from_savepoint=from_savepoint, progress={})
         s.add(run)
         s.flush()
+        if copy_from is not None and job.current_run_id != copy_from.id:
+            raise ChangeoverError(f"launch of job {job_name} from the checkpoint of run {copy_from.id}",
+                                  f"run {job.current_run_id} is the job's current run now", "leave it as it is: "
+                                  "another launch went first; retry the task to look at the job again")
+        desired_before = job.desired
         if standby_of is None:
             job.make_current(run)
             job.desired = "RUN"
@@ -282,10 +287,17 @@ def launch(
         try:
             _copy_checkpoint(settings, copy_from, checkpoint_root or Path())
         except Exception as exc:
-            _hand_back(settings, job_name, run_id, copy_from.id, exc, moving=continues_move is not None)
+            _hand_back(settings, job_name, run_id, copy_from.id, exc, desired_before)
             raise
-        with session_scope(settings.database_url) as s:  # the loss deadline counts from the submission, not the copy
-            s.execute(update(JobRun).where(JobRun.id == run_id).values(submitted_at=utcnow()))
+        with session_scope(settings.database_url) as s:  # still ours after the copy, which may have been slow
+            job, mine = lock_row(s, Job, job_name), s.get(JobRun, run_id)
+            if job.current_run_id != run_id or mine is None or mine.ended_at is not None or job.desired == "STOP":
+                gone = ChangeoverError(f"launch of job {job_name}", "while its checkpoint was laid out, the run was "
+                                       "ended, or superseded, or the job stopped", "retry the task to look again")
+                s.rollback()
+                _hand_back(settings, job_name, run_id, copy_from.id, gone, desired_before)
+                raise gone
+            mine.submitted_at = utcnow()  # the loss deadline counts from the submission, not from the copy
     try:
         request = _submission(settings, runtime, master, job_name, version, run_id, module, entry, code,
                               spark_settings, checkpoint_root, lease_seconds, stop_deadline,
@@ -297,8 +309,7 @@ def launch(
         if standby_of is not None:  # it never owned the job: ended now, not left "warming" until its ready deadline
             lease.end_standby(settings.database_url, job_name, run_id, f"its launch failed: {exc}")
         else:
-            _hand_back(settings, job_name, run_id, copy_from.id if copy_from else None, exc,
-                       moving=continues_move is not None)
+            _hand_back(settings, job_name, run_id, copy_from.id if copy_from else None, exc, desired_before)
         raise
     faults.point(settings, "launch.submitted")  # a lost answer: the driver then records its id itself
     with session_scope(settings.database_url) as s:
@@ -311,7 +322,7 @@ def launch(
 
 
 def _hand_back(settings: Settings, job_name: str, run_id: int, previous: int | None, exc: Exception,
-               moving: bool = False) -> None:
+               desired_before: str) -> None:
     """A launch whose driver will never run (its checkpoint could not be laid out, or its master refused it): this
     run ends FAILED, which a parked run it replaces sees at once, and a job continued from an ended run goes back to
     that run, so the next try continues it again. A user's stop meanwhile stands."""
@@ -320,12 +331,12 @@ def _hand_back(settings: Settings, job_name: str, run_id: int, previous: int | N
         run = s.get(JobRun, run_id)
         before = s.get(JobRun, previous) if previous is not None else None
         assert run is not None
-        if run.ended_at is not None:
-            return
         if before is not None and job.current_run_id == run_id:
             job.make_current(before)
-            if job.desired == "RUN" and moving:  # what the launch set; a stop asked since is left as it is
-                job.desired = "MOVE"
+            if job.desired == "RUN":  # what the launch set; a stop asked since is left as it is
+                job.desired = desired_before
+        if run.ended_at is not None:
+            return
         run.state, run.ended_at, run.error = "FAILED", utcnow(), f"its launch failed before a driver ran: {exc}"
         audit.record(s, "job.launch", "job", job_name, outcome="failed", run=run_id, reason=run.error,
                      handed_back_to=previous)
@@ -461,8 +472,8 @@ def _unaccepted(s: Any, run: JobRun) -> None:
     or the master never took it. Ended once that silence outlasts `lost_after_seconds`, so the parked run it
     would replace takes the job back; a driver that does start that late finds its run ended and exits."""
     silent = (utcnow() - as_utc(run.submitted_at)).total_seconds()
-    if silent < lost_after_seconds():
-        return
+    if silent < lost_after_seconds() or (run.checkpoint_root and (Path(run.checkpoint_root) / LAYING_OUT).exists()):
+        return  # not yet silent long, or its launch still lays out its checkpoint (a large state copies slowly)
     error = f"never accepted: no submission id and no word from its driver for {silent:.0f} s"
     # Conditional, so a driver's first heartbeat and this cannot both win: the row lock orders them.
     ended = s.execute(update(JobRun).where(

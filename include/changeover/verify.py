@@ -117,7 +117,8 @@ def jobs_left_down(settings: Settings, cluster: LocalCluster, upgrade_key: str) 
         started = run.started_at if run else None
     down = []
     for job, job_run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True):
-        unconfirmed = job_run is not None and job_run.state == "SUBMITTED" and job_run.submission_id is None
+        unconfirmed = job_run is not None and job_run.state == "SUBMITTED" and job_run.submission_id is None \
+            and job_run.heartbeat_at is None
         if unconfirmed and job.name in watched and job.desired != "STOP":  # its launch's answer was lost
             down.append(f"job {job.name}: no master has confirmed the driver of its run {job_run.id}, launched "
                         "without an answer; it may not run")

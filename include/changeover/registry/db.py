@@ -37,6 +37,24 @@ def transient(exc: BaseException) -> bool:
         return state.startswith("08") or state in _RETRYABLE_SQLSTATES
     text = str(exc.orig).lower()
     return any(word in text for word in _AWAY_WORDS)
+# What a database says that no waiting clears: a refused password or role, a missing database, a read-only one.
+_REFUSAL_SQLSTATES = ("28P01", "28000", "3D000", "25006", "42501")
+_REFUSAL_WORDS = ("password authentication failed", "does not exist", "unable to open database file",
+                  "readonly database", "read-only")
+
+
+def refused(exc: BaseException) -> bool:
+    """The database answered no, for good (the contrary of `transient` for a caller that would rather wait out
+    whatever else it cannot name: an unreachable network, a timeout, a server taking over)."""
+    if not isinstance(exc, TRANSIENT) or exc.connection_invalidated:
+        return False
+    state = getattr(exc.orig, "sqlstate", None)
+    if state:
+        return state in _REFUSAL_SQLSTATES
+    text = str(exc.orig).lower()
+    return any(word in text for word in _REFUSAL_WORDS)
+
+
 REGISTRY_PATIENCE_SECONDS = 600.0
 T = TypeVar("T")
 log = logging.getLogger("changeover.registry")

@@ -25,7 +25,7 @@ from sqlalchemy import update
 from changeover import audit, checkpoints, lease
 from changeover.compat import plan
 from changeover.registry import db
-from changeover.registry.db import TRANSIENT, lock_row, patiently, session_scope, transient
+from changeover.registry.db import TRANSIENT, lock_row, patiently, refused, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.runtime.contract import JobContext, Stage
 from changeover.runtime.queries import StageQueries
@@ -369,15 +369,15 @@ class Driver:
 
     def _decide(self) -> lease.Decision:
         """The lease's decision; a registry that does not answer means wait, not fail: the run is parked on a
-        clean boundary, and failing would leave it unresumable. Only what clears is waited for, and only for the
-        registry's patience: a refused password, a missing or read-only database, or an outage past that raise,
-        and the driver ends, freeing its cores (its master then reports it ended)."""
+        clean boundary, and failing would leave it unresumable. It waits for the registry's patience at most, and not at
+        all on a database that answered no for good (a refused password, a missing or read-only database): then the
+        driver ends, freeing its cores (its master then reports it ended)."""
         try:
             decision = lease.decide(self.url, self.job, self.run_id)
         except TRANSIENT as exc:
             now = time.monotonic()
             self._unanswered_since = self._unanswered_since or now
-            if not transient(exc) or now - self._unanswered_since > db.REGISTRY_PATIENCE_SECONDS:
+            if refused(exc) or now - self._unanswered_since > db.REGISTRY_PATIENCE_SECONDS:
                 log.error("job %s run %s: parked, and %s answers no (%s); giving up the lease and ending",
                           self.job, self.run_id, self.registry, str(exc).splitlines()[0])
                 raise
