@@ -95,3 +95,14 @@ def test_airflow_refuses_a_registry_behind_this_codes_schema_until_db_upgrade(da
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     require_current(url)
+
+
+def test_a_registry_migrated_by_a_newer_changeover_is_refused_with_what_to_install(settings: Settings) -> None:
+    from changeover.errors import ChangeoverError
+    from changeover.registry.schema import require_current
+    from sqlalchemy import text
+
+    with engine_for(settings.database_url).begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    with pytest.raises(ChangeoverError, match="newer than this code's .*install that Changeover version here too"):
+        require_current(settings.database_url)

@@ -19,7 +19,7 @@ from changeover import audit, drain, jobs, maintenance, recovery, savepoints, up
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
-from changeover.registry.schema import migrate
+from changeover.registry.schema import migrate, require_current
 from changeover.runtimes import SUPPORTED_VERSIONS, install_runtime, installed_versions
 from changeover.settings import Settings
 from changeover.spark_settings import SparkSettings
@@ -45,8 +45,10 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a 
 
 
 def _settings() -> Settings:
+    """The registry as this code's schema has it; migrating is `db upgrade`'s alone, so that a newer CLI never moves
+    a shared registry ahead of the Airflow workers that use it."""
     settings = Settings.from_env()
-    migrate(settings.database_url)
+    require_current(settings.database_url)
     return settings
 
 
@@ -64,7 +66,8 @@ def _emit(rows: list[dict[str, Any]] | dict[str, Any], as_json: bool, columns: l
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Bring the registry to this version's schema (Airflow's tasks refuse a registry that is not there)."""
-    settings = _settings()
+    settings = Settings.from_env()
+    migrate(settings.database_url)
     out.print(f"registry schema current at {make_url(settings.database_url).render_as_string(hide_password=True)}")
 
 
