@@ -35,6 +35,27 @@ def test_the_first_wait_sets_the_deadline_and_a_later_wait_carries_it(tmp_path: 
     assert later.value.method_name == "execute_complete"
 
 
+def test_the_trigger_carries_the_tasks_actor_and_upgrade_for_the_events_its_polls_write(tmp_path: Path) -> None:
+    import contextvars
+
+    from changeover import audit
+    from changeover_airflow.triggers import ReconcileTrigger
+
+    settings = Settings.from_env(home=tmp_path, database_url=f"sqlite:///{tmp_path / 'r.db'}")
+    acting = audit.Acting("ann via airflow:rolling_upgrade/r1/roll#2", "rolling_upgrade/r1")
+
+    def deferring_task() -> TaskDeferred:  # in a context of its own, as each Airflow task is
+        audit.act_as(acting)
+        with pytest.raises(TaskDeferred) as deferred:
+            _roll(600)._defer("roll", "rolling_upgrade/r1", settings, 3600)
+        return deferred.value
+
+    trigger = contextvars.copy_context().run(deferring_task).trigger
+    _path, kwargs = trigger.serialize()
+    assert ReconcileTrigger(**kwargs).acting == {"actor": acting.actor, "upgrade": acting.upgrade}
+    assert audit.acting() is None  # the test's own context was not touched
+
+
 def test_a_try_past_its_overall_deadline_fails_naming_its_wait(tmp_path: Path) -> None:
     settings = Settings.from_env(home=tmp_path, database_url=f"sqlite:///{tmp_path / 'r.db'}")
     with pytest.raises(ChangeoverError, match=r"task roll \(roll dag/run\).*overall deadline of 600 s.*clear the task"):

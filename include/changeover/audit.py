@@ -35,6 +35,11 @@ def act_as(acting: Acting) -> None:
     _acting.set(acting)
 
 
+def acting() -> Acting | None:
+    """Who acts here, when a task named it: a task's trigger carries it on (`act_as` in the triggerer)."""
+    return _acting.get()
+
+
 def current_actor() -> str:
     """Who acts: the Airflow task's person and task, a driver's job (CHANGEOVER_ACTOR), or the CLI's user."""
     acting = _acting.get()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -76,7 +77,8 @@ class ChangeoverOperator(BaseOperator):
             if fire_by or deadline else None
         self.defer(
             trigger=ReconcileTrigger(kind, subject, {"home": str(settings.home)}, shutdown_timeout,
-                                     conn_id=self.changeover_conn_id, fire_by=fire_at),
+                                     conn_id=self.changeover_conn_id, fire_by=fire_at,
+                                     acting=asdict(acting) if (acting := audit.acting()) else None),
             method_name="execute_complete",
             kwargs={"deadline": deadline},
             timeout=timedelta(seconds=timeout) if timeout else None,

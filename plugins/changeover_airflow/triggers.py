@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-from changeover import roll, upgrade
+from changeover import audit, roll, upgrade
 from changeover.cluster import LocalCluster
 from changeover.settings import Settings
 from changeover.spark_master import MasterUnreachable
@@ -53,8 +53,10 @@ class ReconcileTrigger(BaseTrigger):
         settle_seconds: float = SETTLE_SECONDS,
         conn_id: str = "changeover_default",
         fire_by: float | None = None,
+        acting: dict[str, str | None] | None = None,
     ) -> None:
         super().__init__()
+        self.acting = acting  # the deferring task's actor and upgrade, for the events its polls write
         self.shutdown_timeout = shutdown_timeout
         self.kind = kind
         self.subject = subject
@@ -69,12 +71,15 @@ class ReconcileTrigger(BaseTrigger):
             "changeover_airflow.triggers.ReconcileTrigger",
             {"kind": self.kind, "subject": self.subject, "settings": self.settings,
              "shutdown_timeout": self.shutdown_timeout, "poll_interval": self.poll_interval,
-             "settle_seconds": self.settle_seconds, "conn_id": self.conn_id, "fire_by": self.fire_by},
+             "settle_seconds": self.settle_seconds, "conn_id": self.conn_id, "fire_by": self.fire_by,
+             "acting": self.acting},
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from changeover_airflow.hooks import ChangeoverHook
 
+        if self.acting:  # this trigger's own asyncio task: to_thread carries it into the polls' threads
+            audit.act_as(audit.Acting(str(self.acting["actor"]), self.acting.get("upgrade")))
         settings = await asyncio.to_thread(ChangeoverHook(self.conn_id).get_settings)
         earliest = time.monotonic() + self.settle_seconds
         last: dict[str, Any] | None = None
