@@ -235,14 +235,12 @@ def launch(
                                   f"to move from run {continues_move}: someone stopped it, or another run "
                                   "took over", "leave it as it is; retry the task to look at the job again")
         if continues_run is not None:
-            job = lock_row(s, Job, job_name)
             ended = current_run(s, job)
             if job.current_run_id != continues_run or job.desired != "RUN" or ended is None or ended.ended_at is None:
                 raise ChangeoverError(f"launch of job {job_name} to go on from run {continues_run}",
                                       "that run is no longer the job's current, ended run, or the job was stopped",
                                       "leave it as it is: another launch went first, or someone stopped it")
         if replaces_run is not None:
-            job = lock_row(s, Job, job_name)
             before = current_run(s, job)
             if (job.current_run_id != replaces_run or job.desired != "MOVE" or before is None
                     or before.state != "STOPPED" or (replaces_park is not None and before.parks != replaces_park)):
@@ -254,23 +252,22 @@ def launch(
             if before.parked:
                 before.lease_until = utcnow() + timedelta(seconds=lease.length_of(job))
         if standby_of is not None:
-            job = lock_row(s, Job, job_name)
             standing = s.scalar(select(JobRun.id).where(JobRun.standby_of == standby_of, JobRun.ended_at.is_(None)))
             running = current_run(s, job)
             if job.current_run_id != standby_of or running is None or running.state not in LIVE or standing:
                 raise ChangeoverError(f"launch of a warm standby for run {standby_of} of job {job_name}",
                                       "that run is no longer the job's current, running one, or it has a standby "
                                       "already", "retry the task: it looks at the job again")
+        if copy_from is not None and job.current_run_id != copy_from.id:
+            raise ChangeoverError(f"launch of job {job_name} from the checkpoint of run {copy_from.id}",
+                                  f"run {job.current_run_id} is the job's current run now", "leave it as it is: "
+                                  "another launch went first; retry the task to look at the job again")
         run = JobRun(job=job_name, spark_version=version, master_url=master_url(master),
                      state="SUBMITTED" if standby_of is None else STANDBY, standby_of=standby_of,
                      checkpoint_root=str(checkpoint_root) if checkpoint_root else None,
                      from_savepoint=from_savepoint, progress={})
         s.add(run)
         s.flush()
-        if copy_from is not None and job.current_run_id != copy_from.id:
-            raise ChangeoverError(f"launch of job {job_name} from the checkpoint of run {copy_from.id}",
-                                  f"run {job.current_run_id} is the job's current run now", "leave it as it is: "
-                                  "another launch went first; retry the task to look at the job again")
         desired_before = job.desired
         if standby_of is None:
             job.make_current(run)
