@@ -215,3 +215,26 @@ def test_a_stateful_batch_replayed_after_its_write_still_runs_and_the_query_goes
     run_until_caught_up()
     assert _table(sink) == {"a": 2, "b": 2, "c": 1}  # batch 1 not counted twice, batch 2 counted on its state
     assert (checkpoint / "commits" / "2").is_file()
+
+
+def test_every_column_type_and_null_round_trips_through_staging(spark: Any, settings: Settings) -> None:
+    """PostgreSQL stages through COPY, whose text format each value must survive; SQLite through inserts."""
+    import datetime
+    import decimal
+
+    sink, run = KeyedTable(settings.database_url, "typed", keys=("key",)), _current_run(settings)
+    at = datetime.datetime(2026, 11, 26, 3, 4, 5, 678000, tzinfo=datetime.UTC)
+    rows = [("a\tb\\n 'q' \"x\"", 2**40, 7, 1.5, True, at, datetime.date(2026, 1, 2), decimal.Decimal("12.345"),
+             bytearray(b"\x00\xff\n")),
+            ("nulls", None, None, None, None, None, None, None, None)]
+    columns = ("key string, big long, small int, ratio double, flag boolean, at timestamp, day date, "
+               "amount decimal(10,3), blob binary")
+    assert _write(spark, sink, settings, run, 0, rows, columns)
+    read = {row["key"]: row for row in sink.read()}
+    first = read["a\tb\\n 'q' \"x\""]
+    assert (first["big"], first["small"], first["ratio"], first["flag"]) == (2**40, 7, 1.5, True)
+    stamp = first["at"] if first["at"].tzinfo else first["at"].replace(tzinfo=datetime.UTC)
+    assert stamp == at
+    assert (first["day"], first["amount"], bytes(first["blob"])) == (datetime.date(2026, 1, 2),
+                                                                     decimal.Decimal("12.345"), b"\x00\xff\n")
+    assert all(value is None for name, value in read["nulls"].items() if name != "key")
