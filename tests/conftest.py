@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from changeover.cluster import LocalCluster
@@ -83,3 +85,22 @@ def cluster(settings: Settings) -> Iterator[LocalCluster]:
         yield local
     finally:
         local.down()
+
+
+@pytest.fixture(scope="module")
+def local_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A local Spark session in the test's process (local[2]) whose Python workers can import Changeover, as a
+    runtime's executors can: for sinks and driver loops tested on real DataFrames without a cluster."""
+    from changeover import shipping
+    from pyspark.sql import SparkSession
+
+    package, _entry = shipping.runtime_artifacts(Settings.from_env(home=tmp_path_factory.mktemp("artifacts")))
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors need the registry's drivers, as a runtime has
+    session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "3").config("spark.submit.pyFiles", str(package))
+               .getOrCreate())
+    yield session
+    for query in session.streams.active:
+        query.stop()
+    session.stop()

@@ -6,13 +6,10 @@ the driver merges inside the fence. Rows are never collected on the driver.
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from changeover import audit, shipping
+from changeover import audit
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun
@@ -25,17 +22,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from pyspark.sql import SparkSession
-
-    package, _entry = shipping.runtime_artifacts(Settings.from_env(home=tmp_path_factory.mktemp("artifacts")))
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors need the registry's drivers, as a runtime has
-    session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "3").config("spark.submit.pyFiles", str(package))
-               .getOrCreate())
-    yield session
-    session.stop()
+def spark(local_spark: Any) -> Any:
+    return local_spark
 
 
 def _current_run(settings: Settings, job: str = "j") -> int:

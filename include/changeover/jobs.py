@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -28,7 +27,6 @@ from changeover.timeutil import as_utc
 log = logging.getLogger(__name__)
 LIVE = ("SUBMITTED", "RUNNING")
 STANDBY = "STANDBY"  # a warm successor waiting for its checkpoint: alive, but not the job's current run
-DEFAULT_LOST_AFTER_SECONDS = 180.0
 # ERROR is Spark's word for a driver whose worker was lost (or that could not be started): not the job's own
 # failure, so a fault-tolerant job goes on from its checkpoint, as after a kill.
 DRIVER_STATES = {"RUNNING": "RUNNING", "FINISHED": "FINISHED", "FAILED": "FAILED", "ERROR": "KILLED",
@@ -361,7 +359,8 @@ def _submission(settings: Settings, runtime: Any, master: Any, job_name: str, ve
         app_args += ["--conf", f"{key}={value}"]
     app_args += [str(entry_script), "--job", job_name, "--run-id", str(run_id), "--module", module,
                  "--entry", entry, "--expected-version", version,
-                 "--lease-seconds", str(lease_seconds), "--stop-deadline", str(stop_deadline)]
+                 "--lease-seconds", str(lease_seconds), "--stop-deadline", str(stop_deadline),
+                 "--self-fence-seconds", str(lease.self_fence_seconds())]
     app_args += ["--checkpoint-root", str(checkpoint_root)] if checkpoint_root else []
     app_args += ["--standby"] if standby else []
     if allow_non_restored_state:
@@ -397,11 +396,6 @@ def refresh(settings: Settings, membership: Membership, job_name: str) -> JobRun
             return None
         run_id = run.id
     return observe(settings, membership, run_id)
-
-
-def lost_after_seconds() -> float:
-    """How long a run may go unheard, by its master and by its own heartbeat, before it is recorded as lost."""
-    return float(os.environ.get("CHANGEOVER_LOST_AFTER_SECONDS") or DEFAULT_LOST_AFTER_SECONDS)
 
 
 def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
@@ -445,7 +439,7 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
             if run.parked:
                 return run  # a parked driver ends itself, so only its master's word ends it here
             silent = (utcnow() - as_utc(run.heartbeat_at or run.submitted_at)).total_seconds()
-            if silent < lost_after_seconds():
+            if silent < lease.lost_after_seconds():
                 log.info("job %s run %s: state UNKNOWN (%s); asked again at the next observation", run.job,
                          run.id, unanswered or f"its master reports the driver as {status and status.state}")
                 return run
@@ -469,7 +463,8 @@ def _unaccepted(s: Any, run: JobRun) -> None:
     or the master never took it. Ended once that silence outlasts `lost_after_seconds`, so the parked run it
     would replace takes the job back; a driver that does start that late finds its run ended and exits."""
     silent = (utcnow() - as_utc(run.submitted_at)).total_seconds()
-    if silent < lost_after_seconds() or (run.checkpoint_root and (Path(run.checkpoint_root) / LAYING_OUT).exists()):
+    laying_out = run.checkpoint_root and (Path(run.checkpoint_root) / LAYING_OUT).exists()
+    if silent < lease.lost_after_seconds() or laying_out:
         return  # not yet silent long, or its launch still lays out its checkpoint (a large state copies slowly)
     error = f"never accepted: no submission id and no word from its driver for {silent:.0f} s"
     # Conditional, so a driver's first heartbeat and this cannot both win: the row lock orders them.

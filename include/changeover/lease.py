@@ -29,8 +29,23 @@ Decision = Literal["wait", "exit", "resume"]
 StandbyTurn = Literal["wait", "start", "dismissed"]
 
 
+DEFAULT_LOST_AFTER_SECONDS = 180.0
+
+
 def lease_seconds() -> float:
     return float(os.environ.get("CHANGEOVER_LEASE_SECONDS") or DEFAULT_LEASE_SECONDS)
+
+
+def lost_after_seconds() -> float:
+    """How long a run may go unheard, by its master and by its own heartbeat, before it is recorded as lost."""
+    return float(os.environ.get("CHANGEOVER_LOST_AFTER_SECONDS") or DEFAULT_LOST_AFTER_SECONDS)
+
+
+def self_fence_seconds() -> float:
+    """How long a driver may go without confirming that it is its job's current run before it stops its unfenced
+    queries: half the loss deadline, so it has stopped before the control plane may declare it lost and copy its
+    checkpoint for a successor (Flink's leader sessions, Kafka's session timeout)."""
+    return lost_after_seconds() / 2
 
 
 def length_of(job: Job) -> float:

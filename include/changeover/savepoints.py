@@ -467,11 +467,12 @@ def _align_sinks(settings: Settings, job: str, name: str, path: Path, stages: di
         declared, context = found
         written = declared.progress(context)
         duplicates = declared.guarantee == "at-least-once"
-        # Batches the savepoint holds offsets for are replayed with the same offsets: a sink that recognises a
-        # replay may have them; an at-least-once one would get them twice. A rewind asked for (a rollback to
-        # other code) takes them back too, so the replay writes them from the code now resumed.
+        # Batches the savepoint holds offsets for are replayed with the same offsets: every sink recognises such a
+        # replay in its ledger (a foreachBatch function is not called again for a batch on record), so a move
+        # whose stop caught the next batch begun goes on. A rewind asked for (a rollback to other code) takes them
+        # back too, so the replay writes them from the code now resumed.
         replayed = info.get("replay_through") or -1
-        limit = info["batch"] if duplicates or rewind else max(info["batch"], replayed)
+        limit = info["batch"] if rewind else max(info["batch"], replayed)
         if written is None or written <= limit:
             continue
         if (duplicates and not accept_duplicates) or (not duplicates and declared.guarantee != "idempotent"

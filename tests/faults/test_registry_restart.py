@@ -6,80 +6,28 @@ and the job ends exact with one move.
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
 import pytest
 from changeover import jobs, roll, upgrades
 from changeover.cluster import LocalCluster, wait_for
 from changeover.generator import Generator
-from changeover.ports import free_port
 from changeover.registry.db import TRANSIENT, forget_engines, session_scope
 from changeover.registry.models import JobRun, Member
 from changeover.registry.schema import migrate
 from changeover.settings import Settings
 from jobs import clicks
+from pg_server import Server, own_server
 from sqlalchemy import select
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
-@dataclass
-class Server:
-    data: Path
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+psycopg://changeover@127.0.0.1:{self.port}/postgres"
-
-    def ctl(self, *args: str) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", *args)
-
-    def start(self) -> None:
-        self.ctl("-l", str(self.data.parent / "server.log"), "-o",
-                 f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.data.parent}", "start")
-
-    def stop(self, mode: str = "fast") -> None:
-        self.ctl("-m", mode, "stop")
-
-    def pid(self) -> int | None:
-        pidfile = self.data / "postmaster.pid"
-        return int(pidfile.read_text().split()[0]) if pidfile.exists() else None
-
-    def _run(self, tool: str, *args: str) -> None:
-        # PostgreSQL refuses to run as root: as root, run it as the postgres user, as its packages do
-        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        subprocess.run([*prefix, shutil.which(tool) or tool, *args], check=True, capture_output=True, timeout=120)
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    if not (shutil.which("initdb") and shutil.which("pg_ctl")):
-        pytest.skip("PostgreSQL's initdb and pg_ctl are needed on the PATH for the registry-restart fault")
-    root = Path(tempfile.mkdtemp(prefix="changeover-pg-"))
-    if os.geteuid() == 0:
-        try:
-            owner = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root, the registry-restart fault needs a postgres user to run PostgreSQL as")
-        os.chown(root, owner.pw_uid, owner.pw_gid)
-    server = Server(root / "data", free_port())
-    try:
-        server._run("initdb", "-D", str(server.data), "-U", "changeover", "--auth=trust", "-E", "UTF8")
-        server.start()
-        yield server
-    finally:
-        if server.pid() is not None:
-            server.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
+    with own_server() as started:
+        yield started
 
 
 @pytest.fixture(scope="module")

@@ -82,9 +82,11 @@ def engine_for(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
 
 
-def patiently(call: Callable[[], T], what: str, patience: float = REGISTRY_PATIENCE_SECONDS) -> T:
+def patiently(call: Callable[[], T], what: str, patience: float = REGISTRY_PATIENCE_SECONDS,
+              while_waiting: Callable[[], None] | None = None) -> T:
     """Run `call` until the database answers, for up to `patience` s: for a driver's registry calls and its sink's
-    writes, which must outlast a database restart rather than fail the job. Each retry is logged."""
+    writes, which must outlast a database restart rather than fail the job. Each retry is logged, and
+    `while_waiting` runs before each pause (a driver fences itself there)."""
     deadline, pause = time.monotonic() + patience, 0.5
     while True:
         try:
@@ -94,6 +96,8 @@ def patiently(call: Callable[[], T], what: str, patience: float = REGISTRY_PATIE
                 raise
             log.warning("%s: the database did not answer (%s); retrying in %.1f s", what,
                         str(exc).splitlines()[0], pause)
+            if while_waiting is not None:
+                while_waiting()
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
 

@@ -16,9 +16,10 @@ import runpy
 import sys
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import update
 
@@ -34,6 +35,7 @@ from changeover.settings import Settings
 from changeover.timeutil import as_utc
 
 log = logging.getLogger("changeover.driver")
+T = TypeVar("T")
 LOOP_SECONDS = 0.2
 HEARTBEAT_SECONDS = 5.0
 ENTRIES = ("build", "run", "script")
@@ -94,14 +96,19 @@ def version_mismatch(job: str, actual: str, expected: str) -> str:
 
 class Driver:
     def __init__(self, settings: Settings, job: str, run_id: int, lease_seconds: float | None = None,
-                 stop_deadline: float = 60.0) -> None:
+                 stop_deadline: float = 60.0, self_fence_seconds: float | None = None) -> None:
         self.settings = settings
         self.lease_seconds = lease_seconds if lease_seconds is not None else lease.lease_seconds()
         self.stop_deadline = stop_deadline
+        self.self_fence_seconds = self_fence_seconds if self_fence_seconds is not None else lease.self_fence_seconds()
         self.url = settings.database_url
         self.job = job
         self.run_id = run_id
         self._unanswered_since: float | None = None  # when the parked run's registry calls began to fail
+        self._confirmed_at = time.monotonic()  # when the registry last said this run is its job's current one
+        self._self_fenced: list[str] = []  # the stages this run stopped while it could not confirm that
+        self._self_fenced_at: float | None = None
+        self._while_waiting: Callable[[], None] | None = None
 
     def record_submission(self, cwd: Path) -> None:
         """The second half of a launch whose answer was lost (its task killed after the master accepted it):
@@ -289,22 +296,25 @@ class Driver:
         triggered = False
         described: set[str] = set()
         reported = time.monotonic()
+        unfenced_stages = [stage.name for stage in stages if not stage.sink.fenced]
+        self._confirmed_at = time.monotonic()
+        self._while_waiting = partial(self.fence_self, queries, unfenced_stages)
         while True:
-            state = patiently(self.stop_state, self.registry)
+            state = self.confirm(queries)
             if state == "fenced":
                 queries.stop_now()
                 self.report(queries.committed(), committed=False, state="STOPPED")
                 return True
             if state in ("STOP", "MOVE"):
                 if not queries.stop_at_boundary(self.stop_deadline):
-                    patiently(partial(self.stop_failed, state), self.registry)
+                    self._patiently(partial(self.stop_failed, state))
                     continue
                 now = queries.committed()
-                patiently(partial(self.report, now, committed=now != seen), self.registry)
+                self._patiently(partial(self.report, now, committed=now != seen))
                 seen = now
                 if state == "STOP" or not self._park(now):
                     if state == "STOP":
-                        patiently(partial(self.report, now, committed=False, state="STOPPED"), self.registry)
+                        self._patiently(partial(self.report, now, committed=False, state="STOPPED"))
                     return True
                 ahead = self.unfenced_sinks_ahead(stages, checkpoint_root, now)
                 if ahead:  # a successor's batch reached a sink nothing fences: running on would skip or repeat it
@@ -312,23 +322,24 @@ class Driver:
                     self.fail(ahead)
                     return False
                 queries.start()
+                self._confirmed_at = time.monotonic()  # the lease's decision to resume said it is current
                 continue
             failure = queries.failure()
             if failure is not None:
-                if patiently(self.stop_state, self.registry) == "fenced":
+                if self._patiently(self.stop_state) == "fenced":
                     continue  # a fenced write failed its batch: nothing of it landed; the next turn stops
                 raise failure
             now = queries.committed()
             advanced = now != seen
             if not (triggered and took_over) and (advanced or queries.have_run()):
                 if not triggered:
-                    patiently(self.mark_first_trigger, self.registry)
+                    self._patiently(self.mark_first_trigger)
                     triggered = True
                 if not took_over:
-                    took_over = patiently(partial(lease.take_over, self.url, self.job, self.run_id), self.registry)
+                    took_over = self._patiently(partial(lease.take_over, self.url, self.job, self.run_id))
             fresh = [n for n in names if n not in described and now[n] is not None]
             if spark is not None and fresh:
-                patiently(partial(self.report_operators, spark, checkpoint_root, fresh), self.registry)
+                self._patiently(partial(self.report_operators, spark, checkpoint_root, fresh))
                 described.update(fresh)
             if advanced or time.monotonic() - reported >= HEARTBEAT_SECONDS:
                 try:
@@ -337,6 +348,42 @@ class Driver:
                 except TRANSIENT as exc:  # SQLite busy past its timeout, a restarting server: the queries go on
                     log.warning("job %s run %s: progress not recorded (%s); retrying", self.job, self.run_id, exc)
             time.sleep(LOOP_SECONDS)
+
+    def _patiently(self, call: Callable[[], T]) -> T:
+        """A registry call of the running loop: waited for, fencing this run itself if the wait grows long."""
+        return patiently(call, self.registry, while_waiting=self._while_waiting)
+
+    def confirm(self, queries: StageQueries) -> str:
+        """`stop_state`, waited for while the registry does not answer. Past `self_fence_seconds` without an answer,
+        the queries of sinks nothing fences stop (a fenced sink's writes already wait for the registry), so that
+        they have stopped before the control plane may declare this run lost and let a successor write: the
+        driver fences itself. They start again once the registry says this run is still its job's current one."""
+        state = self._patiently(self.stop_state)
+        self._confirmed_at = time.monotonic()
+        if self._self_fenced_at is not None:
+            stopped, seconds = self._self_fenced, time.monotonic() - self._self_fenced_at
+            self._self_fenced, self._self_fenced_at = [], None
+            if state != "fenced":
+                queries.start(only=stopped)
+            patiently(partial(self.record_self_fence, stopped, seconds, state), self.registry)
+        return state
+
+    def fence_self(self, queries: StageQueries, unfenced: list[str]) -> None:
+        unconfirmed = time.monotonic() - self._confirmed_at
+        if unconfirmed < self.self_fence_seconds or self._self_fenced_at is not None:
+            return
+        self._self_fenced_at = time.monotonic()
+        self._self_fenced = queries.stop_now(only=unfenced)
+        log.error("job %s run %s: not confirmed as its job's current run for %.0f s (the registry does not answer): "
+                  "stopped its unfenced queries %s until it does", self.job, self.run_id, unconfirmed,
+                  self._self_fenced)
+
+    def record_self_fence(self, stopped: list[str], seconds: float, state: str) -> None:
+        with session_scope(self.url) as s:
+            audit.record(s, "job.self_fenced", "job", self.job, outcome="ok", run=self.run_id, stages=stopped,
+                         seconds=round(seconds, 1), then="stopped" if state == "fenced" else "resumed",
+                         reason=f"the registry did not confirm the run as current for {self.self_fence_seconds:.0f} "
+                                "s or more")
 
     def unfenced_sinks_ahead(self, stages: list[Stage], checkpoint_root: Path,
                              progress: dict[str, int | None]) -> str | None:
@@ -456,13 +503,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--standby", action="store_true", help="a warm successor: wait for the checkpoint")
     parser.add_argument("--lease-seconds", type=float)
     parser.add_argument("--stop-deadline", type=float, default=60.0)
+    parser.add_argument("--self-fence-seconds", type=float)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import SparkSession
 
     parent = os.getppid()  # the driver JVM that runs this Python
-    driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds, args.stop_deadline)
+    driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds, args.stop_deadline,
+                    args.self_fence_seconds)
     patiently(partial(driver.record_submission, Path.cwd()), driver.registry)
     spark = SparkSession.builder.appName(f"changeover-{args.job}").getOrCreate()
     # alive from the session's start: a parked predecessor then waits for this run to start

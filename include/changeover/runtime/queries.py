@@ -53,10 +53,15 @@ class StageQueries:
                 return query.exception() or RuntimeError(f"query {query.name} ended by itself")
         return None
 
-    def stop_now(self) -> None:
-        for query in self.queries.values():
-            query.stop()
-        self.queries.clear()
+    def stop_now(self, only: list[str] | None = None) -> list[str]:
+        """Stop the running queries (of the stages named), wherever their batches are; returns the stages stopped."""
+        stopped = [name for name in self.queries if only is None or name in only]
+        for name in stopped:
+            self.queries.pop(name).stop()
+        return stopped
+
+    def running(self) -> list[str]:
+        return list(self.queries)
 
     def at_boundary(self, name: str, before: int | None) -> bool:
         """Whether stopping this query now cuts no batch: no trigger active; or the batch that was running has

@@ -28,7 +28,7 @@ from changeover.names import check_name
 from changeover.registry.db import engine_for, patiently
 from changeover.registry.models import SinkLedger
 from changeover.runtime import fence
-from changeover.runtime.sinks.base import Sink, WriteContext
+from changeover.runtime.sinks.base import Sink, WriteContext, run_without_writing
 
 OWNER, BATCH, RUN, PART, ATTEMPT = "_co_owner", "_co_batch", "_co_run", "_co_part", "_co_attempt"
 EXISTED = "_co_existed"
@@ -249,9 +249,7 @@ class KeyedTable(Sink):
         tables = patiently(functools.partial(self.tables, batch.schema), waiting)
         owner = f"{context.job}/{context.stage}"
         if patiently(functools.partial(self._written, engine_for(self.url), tables, context, batch_id), waiting):
-            # A replay: the rows are written, but the batch still runs, so its state stores commit their version
-            # (Spark 4.2 fails a foreachBatch query whose stateful batch did not run: STATE_STORE_COMMIT_...).
-            batch.write.format("noop").mode("overwrite").save()
+            run_without_writing(batch)  # a replay: the rows are written
             return False
         patiently(functools.partial(self._unstage, tables, owner, batch_id, context.run_id), waiting)
         stage = functools.partial(_stage_partition, self.url, tables.staging.name, batch.columns, owner, batch_id,
