@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,12 @@ from changeover import audit, checkpoints, faults, lease, routing
 from changeover.cluster import Membership, NoMaster, wait_for
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
+from changeover.job_records import LIVE, STANDBY, current_run, get_job, new_checkpoint_root
 from changeover.names import check_name
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
 from changeover.runtimes import find_runtime
+from changeover.savepoints import get_savepoint, restore
 from changeover.settings import Settings
 from changeover.shipping import runtime_artifacts, store_job_code
 from changeover.spark_master import DriverStatus, MasterUnreachable
@@ -25,24 +26,10 @@ from changeover.spark_settings import SparkSettings
 from changeover.timeutil import as_utc
 
 log = logging.getLogger(__name__)
-LIVE = ("SUBMITTED", "RUNNING")
-STANDBY = "STANDBY"  # a warm successor waiting for its checkpoint: alive, but not the job's current run
 # ERROR is Spark's word for a driver whose worker was lost (or that could not be started): not the job's own
 # failure, so a fault-tolerant job goes on from its checkpoint, as after a kill.
 DRIVER_STATES = {"RUNNING": "RUNNING", "FINISHED": "FINISHED", "FAILED": "FAILED", "ERROR": "KILLED",
                  "KILLED": "KILLED"}
-
-
-def get_job(s: Any, name: str) -> Job:
-    job = s.get(Job, name)
-    if job is None:
-        known = ", ".join(s.scalars(select(Job.name).order_by(Job.name))) or "none"
-        raise ChangeoverError(f"job {name!r}", f"no such job (known: {known})", "use a name from `changeover jobs`")
-    return job
-
-
-def current_run(s: Any, job: Job) -> JobRun | None:
-    return s.get(JobRun, job.current_run_id) if job.current_run_id else None
 
 
 def submit(
@@ -90,8 +77,6 @@ def submit(
         continues = previous if previous is not None and job.entry == "build" else None
     version = routing.target_version(settings)
     if from_savepoint:
-        from changeover.savepoints import get_savepoint, restore  # local: savepoints imports this module
-
         source_job, _, savepoint = from_savepoint.rpartition("/")
         with session_scope(settings.database_url) as s:
             written_by = get_savepoint(s, source_job or name, savepoint).spark_version
@@ -175,13 +160,6 @@ def resume(
 def fault_tolerant_jobs(settings: Settings) -> list[str]:
     with session_scope(settings.database_url) as s:
         return list(s.scalars(select(Job.name).where(Job.fault_tolerant.is_(True)).order_by(Job.name)))
-
-
-def new_checkpoint_root(settings: Settings, job: str) -> Path:
-    """A folder no other run ever had: time-ordered, with a random part, created here so it cannot be reused."""
-    root = settings.checkpoint_dir / job / f"{utcnow():%Y%m%dT%H%M%S%f}-{secrets.token_hex(4)}"
-    root.mkdir(parents=True)
-    return root
 
 
 def launch(

@@ -32,7 +32,7 @@ from changeover import audit, checkpoints, faults, processes
 from changeover import lease as job_lease
 from changeover.digests import DigestCache
 from changeover.errors import ChangeoverError
-from changeover.jobs import LIVE, current_run, get_job, new_checkpoint_root
+from changeover.job_records import LIVE, current_run, get_job, new_checkpoint_root
 from changeover.names import check_name, is_safe
 from changeover.registry.db import session_scope
 from changeover.registry.models import Savepoint, UpgradeRun, utcnow

@@ -1,0 +1,35 @@
+"""The registry's records of jobs and their runs, as the launch, the savepoints and the control plane read them."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from changeover.errors import ChangeoverError
+from changeover.registry.models import Job, JobRun, utcnow
+from changeover.settings import Settings
+
+LIVE = ("SUBMITTED", "RUNNING")
+STANDBY = "STANDBY"  # a warm successor waiting for its checkpoint: alive, but not the job's current run
+
+
+def get_job(s: Any, name: str) -> Job:
+    job = s.get(Job, name)
+    if job is None:
+        known = ", ".join(s.scalars(select(Job.name).order_by(Job.name))) or "none"
+        raise ChangeoverError(f"job {name!r}", f"no such job (known: {known})", "use a name from `changeover jobs`")
+    return job
+
+
+def current_run(s: Any, job: Job) -> JobRun | None:
+    return s.get(JobRun, job.current_run_id) if job.current_run_id else None
+
+
+def new_checkpoint_root(settings: Settings, job: str) -> Path:
+    """A folder no other run ever had: time-ordered, with a random part, created here so it cannot be reused."""
+    root = settings.checkpoint_dir / job / f"{utcnow():%Y%m%dT%H%M%S%f}-{secrets.token_hex(4)}"
+    root.mkdir(parents=True)
+    return root
