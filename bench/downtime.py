@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 from changeover import jobs, local_airflow, moves, relocate
-from changeover.cluster import LocalCluster, wait_for
+from changeover.cluster import Membership, membership_for, wait_for
 from changeover.errors import ChangeoverError
 from changeover.generator import EPOCH, Generator
 from changeover.registry.db import session_scope
@@ -86,7 +86,7 @@ def exact(generator: Generator, output: Path) -> bool:
     return all(generator.window_truth.get(k) == v for k, v in output_counts(output).items())
 
 
-def bare(settings: Settings, cluster: LocalCluster) -> dict[str, float]:
+def bare(settings: Settings, cluster: Membership) -> dict[str, float]:
     """(a): the script stopped on 4.2.0 and started again on 4.3.0, from its own checkpoint."""
     work = settings.home / "bare"
     generator = Generator(work / "landing", seed=11)
@@ -116,7 +116,7 @@ def bare(settings: Settings, cluster: LocalCluster) -> dict[str, float]:
         wait_for(lambda: jobs.refresh(settings, cluster, "bare").state not in jobs.LIVE, 120, "the bare script ending")
 
 
-def start_job(settings: Settings, cluster: LocalCluster, name: str, warm: bool = True) -> tuple[Generator, JobRun]:
+def start_job(settings: Settings, cluster: Membership, name: str, warm: bool = True) -> tuple[Generator, JobRun]:
     """The measured job under Changeover, with its generator writing (the same seed for every form)."""
     work = settings.home / name
     generator = Generator(work / "landing", seed=11)
@@ -147,7 +147,7 @@ def counts_checkpoint(settings: Settings, run_id: int) -> Path:
         return Path(run.checkpoint_root) / "counts"
 
 
-def changeover_move(settings: Settings, cluster: LocalCluster, name: str, warm: bool) -> dict[str, Any]:
+def changeover_move(settings: Settings, cluster: Membership, name: str, warm: bool) -> dict[str, Any]:
     """(b) or (c): the job under Changeover, moved from 4.2.0 to 4.3.0 one step at a time, as a drain moves it."""
     output = settings.home / name / "output"
     generator, run = start_job(settings, cluster, name, warm)
@@ -170,7 +170,7 @@ def changeover_move(settings: Settings, cluster: LocalCluster, name: str, warm: 
 
 def rolling_upgrade(settings: Settings, work: Path) -> dict[str, Any]:
     """(d): the three members of a 4.2.0 cluster rolled to 4.3.0 by the rolling_upgrade DAG, through Airflow."""
-    cluster = LocalCluster(settings)
+    cluster = membership_for(settings)
     env = local_airflow.airflow_env(settings, airflow_home=work / "airflow")
     (work / "airflow").mkdir(parents=True, exist_ok=True)
     local_airflow.migrate_airflow(env)
@@ -223,7 +223,7 @@ def main() -> None:
     parser.add_argument("--only", default="a,b,c,d", help="which forms to run, e.g. a,d (the ratios need a)")
     forms = set(parser.parse_args().only.split(","))
     settings, _work = scratch_settings("downtime")
-    cluster = LocalCluster(settings)
+    cluster = membership_for(settings)
     results: dict[str, dict[str, Any]] = {}
     try:
         cluster.up([("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.3.0")])

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from changeover import jobs, savepoints
-from changeover.cluster import LocalCluster, wait_for
+from changeover.cluster import Membership, membership_for, wait_for
 from changeover.generator import Generator
 from changeover.settings import Settings
 from changeover.spark_settings import SparkSettings
@@ -34,7 +34,7 @@ def commits(checkpoint: Path) -> list[tuple[int, float]]:
     return sorted(found)
 
 
-def measure(settings: Settings, cluster: LocalCluster, form: str, backlog: int, seconds: float) -> dict[str, float]:
+def measure(settings: Settings, cluster: Membership, form: str, backlog: int, seconds: float) -> dict[str, float]:
     work = settings.home / form
     generator = Generator(work / "landing", seed=11)
     for _ in range(backlog):
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60, help="the steady phase's length")
     args = parser.parse_args()
     settings, _work = scratch_settings("overhead")
-    cluster = LocalCluster(settings)
+    cluster = membership_for(settings)
     try:
         cluster.up([("m1", "4.2.0")])
         results = {form: measure(settings, cluster, form, args.backlog, args.seconds)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from changeover import jobs, savepoints
-from changeover.cluster import LocalCluster
+from changeover.cluster import membership_for
 from changeover.generator import Generator
 from scratch import scratch_settings
 
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=5)
     args = parser.parse_args()
     settings, _work = scratch_settings("latency")
-    cluster = LocalCluster(settings)
+    cluster = membership_for(settings)
     generator = Generator(settings.data_dir / "landing")
     try:
         cluster.up([("m1", "4.2.0")])

@@ -1,7 +1,7 @@
 """A simulated membership backend for benchmarks only: masters that answer from memory, and count the calls.
 
 It implements the observation half of `changeover.cluster.Membership` for the real registry and the real
-drain code. It starts no process and is not shipped in `include/`: the real backend is `LocalCluster`.
+drain code. It starts no process and is not shipped in `include/`: the real backend is `cluster.membership_for`.
 """
 
 from __future__ import annotations

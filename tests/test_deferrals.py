@@ -4,6 +4,7 @@ end-to-end tests run the trigger through Airflow's triggerer)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -85,3 +86,61 @@ def test_a_master_that_does_not_answer_keeps_the_trigger_polling(settings: Setti
 
     assert not actionable
     assert "Spark master at http://127.0.0.1:" in observed["unanswered"] and "did not answer" in observed["unanswered"]
+
+
+def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate defers instead of sleeping in a worker slot: its trigger fires once the job is stable (or its run
+    ended), and at the gate's deadline at the latest. The task's runtime context is a stand-in (a TI that records
+    XComs); the registry, the operator, its trigger's observation and Airflow's TaskDeferred are real."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+    from changeover import audit
+    from changeover.registry.db import session_scope
+    from changeover.registry.models import Job, JobRun, Savepoint
+    from changeover_airflow.operators import StabilityGateOperator
+    from changeover_airflow.triggers import ready
+
+    with session_scope(settings.database_url) as s:
+        s.add(Job(name="clicks", module="m", fault_tolerant=True, block_shutdown=False, options={}))
+        s.flush()
+        run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state="RUNNING",
+                     progress={"totals": 3})
+        s.add(run)
+        s.flush()
+        s.get(Job, "clicks").make_current(run)
+        s.add(Savepoint(job="clicks", name="update-1", mode="stop", status="COMPLETED", path="/nowhere",
+                        size_bytes=0, spark_version="4.2.0", stages={"totals": 2}, run_id=run.id))
+        run_id = run.id
+    connection = {"conn_type": "generic", "extra": {"home": str(settings.home), "database_url": settings.database_url}}
+    monkeypatch.setenv("AIRFLOW_CONN_CHANGEOVER_DEFAULT", json.dumps(connection))
+    pushed: dict[str, object] = {}
+    ti = SimpleNamespace(dag_id="update_job", run_id="r1", task_id="gate", try_number=1,
+                         xcom_push=lambda key, value: pushed.update({key: value}))
+    context = {"ti": ti, "params": {}, "dag_run": None}
+    gate = StabilityGateOperator(task_id="gate", job="clicks", savepoint_name="update-1", batches=3,
+                                 max_lag_seconds=60, gate_timeout=300)
+    before = time.time()
+
+    with pytest.raises(TaskDeferred) as deferred:
+        gate.execute(context)  # 1 of 3 batches since the savepoint
+    trigger, deadline = deferred.value.trigger, deferred.value.kwargs["deadline"]
+    assert (trigger.kind, trigger.subject, trigger.params["savepoint"]) == ("stable", "clicks", "update-1")
+    assert before + 300 <= deadline <= time.time() + 300 and trigger.fire_by == deadline
+    assert ready("stable", "clicks", settings, None, trigger.params) == (
+        False, {"stable": False, "reason": "1 of 3 batches committed"})
+
+    with session_scope(settings.database_url) as s:
+        committed = s.get(JobRun, run_id)
+        committed.progress, committed.last_commit_at = {"totals": 5}, committed.submitted_at
+    assert ready("stable", "clicks", settings, None, trigger.params)[0]
+    assert gate.execute_complete(context, {}, deadline)["stable"]
+    assert pushed["stability"]["batches"] == 3
+
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, run_id).state = "FAILED"
+    with pytest.raises(AirflowFailException, match=f"run {run_id} is FAILED"):
+        gate.execute(context)  # an ended run: no wait at all
+    outcomes = [e.outcome for e in audit.find(settings.database_url, job="clicks") if e.action == "job.stability"]
+    assert outcomes == ["passed", "failed"]

@@ -87,3 +87,13 @@ def test_the_core_has_no_import_cycle() -> None:
     graph = import_graph()
     assert "changeover.jobs" in graph and "changeover.registry.models" in graph["changeover.jobs"]
     assert cycles(graph) == []
+
+
+def test_only_the_cluster_module_names_its_local_backend() -> None:
+    """The seam: operators, triggers, the CLI, the control plane and the benches get a `Membership` from
+    `cluster.membership_for`, so a second backend plugs in at one place."""
+    root = CORE.parents[1]
+    naming = [str(p.relative_to(root)) for folder in ("include", "plugins", "dags", "bench")
+              for p in (root / folder).rglob("*.py")
+              if "LocalCluster" in p.read_text() and p != CORE / "cluster.py"]
+    assert naming == []

@@ -16,7 +16,7 @@ from rich.text import Text
 from sqlalchemy.engine import make_url
 
 from changeover import audit, drain, jobs, maintenance, recovery, savepoints, upgrade, upgrades
-from changeover.cluster import LocalCluster
+from changeover.cluster import membership_for
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
 from changeover.registry.schema import migrate, require_current
@@ -79,21 +79,21 @@ def cluster_up(
 ) -> None:
     """Start a master per version group and a worker per member."""
     specs = [(name.strip(), version) for name in members.split(",") if name.strip()]
-    LocalCluster(_settings()).up(specs, master_port)
+    membership_for(_settings()).up(specs, master_port)
     cluster_status(as_json=False)
 
 
 @cluster_app.command("down")
 def cluster_down() -> None:
     """Stop every Spark process this cluster folder started, also after a crash."""
-    stopped = LocalCluster(Settings.from_env()).down()
+    stopped = membership_for(Settings.from_env()).down()
     out.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
 
 
 @cluster_app.command("status")
 def cluster_status(as_json: JsonFlag = False) -> None:
     """Members: name, version, status, group; and the masters."""
-    status = LocalCluster(_settings()).status()
+    status = membership_for(_settings()).status()
     if as_json:
         print(json.dumps(status, indent=2))
         return
@@ -121,7 +121,7 @@ def runtime_list(as_json: JsonFlag = False) -> None:
 def list_jobs(as_json: JsonFlag = False) -> None:
     """Jobs with their current run: state, version and member."""
     settings = _settings()
-    jobs.refresh_all(settings, LocalCluster(settings))
+    jobs.refresh_all(settings, membership_for(settings))
     _emit(jobs.list_jobs(settings), as_json, [("NAME", "name"), ("STATE", "state"), ("VERSION", "version"),
                                               ("MEMBER", "member"), ("RUN", "run"), ("PROGRESS", "progress"),
                                               ("STANDBY", "standby")])
@@ -172,7 +172,7 @@ def submit(
                           _pairs(conf, "--conf"), tuple(py_files or ()), tuple(jars or ()), tuple(packages or ()))
     spark.check()
     options: dict[str, Any] = {**_pairs(option, "--option"), "spark": asdict(spark)}
-    run = jobs.submit(settings, LocalCluster(settings), code, name, fault_tolerant=fault_tolerant,
+    run = jobs.submit(settings, membership_for(settings), code, name, fault_tolerant=fault_tolerant,
                       block_shutdown=block_shutdown, shutdown_timeout=shutdown_timeout,
                       options=options, from_savepoint=from_savepoint,
                       rename_stages=_pairs(rename_stage, "--rename-stage"),
@@ -233,7 +233,7 @@ def savepoint(
     settings = _settings()
     savepoints.check_available(settings, job, name)
     if cancel:
-        cluster = LocalCluster(settings)
+        cluster = membership_for(settings)
         savepoints.request_stop(settings, job, reason=f"savepoint {name}")
         deadline = time.monotonic() + timeout
         while (run := jobs.refresh(settings, cluster, job)) is not None and run.state in jobs.LIVE:
@@ -279,7 +279,7 @@ def drain_member(member: str, timeout: Annotated[float, typer.Option(help="Secon
                  = False) -> None:
     """Drain a member: savepoint and move fault-tolerant jobs, wait for blocking ones, cancel the rest."""
     settings = _settings()
-    cluster = LocalCluster(settings)
+    cluster = membership_for(settings)
     if abort:
         given = drain.abort(settings, cluster, member, "aborted by hand")
         out.print(f"member {member} {'back in service' if given else 'was not being drained: left as it is'}")
@@ -301,7 +301,7 @@ def drain_member(member: str, timeout: Annotated[float, typer.Option(help="Secon
 def upgrade_member(member: str, to: Annotated[str, typer.Option("--to", help="Target Spark version.")]) -> None:
     """Restart a drained member on another Spark version."""
     settings = _settings()
-    old = upgrade.upgrade_member(settings, LocalCluster(settings), member, to)
+    old = upgrade.upgrade_member(settings, membership_for(settings), member, to)
     out.print(f"member {member}: {old} -> {to}")
 
 
@@ -328,7 +328,7 @@ def upgrade_abort(key: UpgradeKey, reason: Annotated[str, typer.Option(help="Why
                   ) -> None:
     """Undo what a failed or abandoned upgrade left: members back in service, jobs running, savepoints released."""
     settings = _settings()
-    found = recovery.abort(settings, LocalCluster(settings), key, reason)
+    found = recovery.abort(settings, membership_for(settings), key, reason)
     out.print(f"upgrade {key} aborted: " + ", ".join(f"{m['name']} {m['status']} at {m['version']}"
                                                      for m in found["members"]))
 

@@ -1,7 +1,8 @@
 """Membership: the masters (one per version group) and workers (one per member) of a Spark cluster.
 
 `LocalCluster` starts them on loopback from the per-version runtimes. A remote standalone cluster
-can implement the same `Membership` protocol; the DAGs only talk to the protocol.
+can implement the same `Membership` protocol: everything outside this module talks to the protocol, and
+`membership_for` is the one place that chooses the backend.
 """
 
 from __future__ import annotations
@@ -42,14 +43,38 @@ class NoMaster(ChangeoverError):
 
 
 class Membership(Protocol):
+    """Every verb the control plane, the operators and the CLI use on a cluster; `membership_for` gives one."""
+
+    settings: Settings
+
     def master(self, version: str) -> SparkMaster: ...
+    def status(self) -> dict[str, Any]: ...
+    def up(self, specs: list[tuple[str, str]], master_port: int | None = None) -> None: ...
+    def down(self) -> list[str]: ...
     def ensure_master(self, version: str, port: int | None = None) -> Master: ...
     def stop_master_if_empty(self, version: str) -> bool: ...
+    def stop_empty_masters(self) -> list[str]: ...
     def start_worker(self, member: str, version: str) -> None: ...
     def stop_worker(self, member: str, grace: float = ...) -> None: ...
     def executors_on(self, member: str) -> int: ...
     def decommission(self, member: str) -> None: ...
     def is_decommissioned(self, member: str) -> bool: ...
+
+
+def membership_for(settings: Settings) -> Membership:
+    """The cluster the settings describe (an Airflow connection's, through the hook, or the CLI's environment).
+    The one place a backend is chosen: today the loopback cluster Changeover runs itself."""
+    return LocalCluster(settings)
+
+
+def get_member(s: Any, name: str) -> Member:
+    """A member's registry row, or a refusal that names the members there are."""
+    row = s.get(Member, name)
+    if row is None:
+        known = ", ".join(s.scalars(select(Member.name).order_by(Member.name))) or "none"
+        raise ChangeoverError(f"member {name!r}", f"no such member (known: {known})",
+                              "use a name from `changeover cluster status`")
+    return row
 
 
 RETRYABLE: tuple[type[Exception], ...] = (ChangeoverError, httpx.HTTPError, KeyError, ValueError)
@@ -129,7 +154,7 @@ class LocalCluster:
 
     def executors_on(self, member: str) -> int:
         with session_scope(self.url) as s:
-            row = self._member(s, member)
+            row = get_member(s, member)
             url = f"http://{row.host}:{row.webui_port}/json/"
         try:
             return len(httpx.get(url, timeout=5).json().get("executors", []))
@@ -139,7 +164,7 @@ class LocalCluster:
     def is_decommissioned(self, member: str) -> bool:
         """True once the master no longer places work on the member's worker (or it is gone)."""
         with session_scope(self.url) as s:
-            row = self._member(s, member)
+            row = get_member(s, member)
             version, host = row.version, row.host
         try:
             return self.master(version).worker_state(host) in (None, "DECOMMISSIONED", "DEAD")
@@ -149,7 +174,7 @@ class LocalCluster:
     # -- actions -----------------------------------------------------------------------------
     def decommission(self, member: str) -> None:
         with session_scope(self.url) as s:
-            row = self._member(s, member)
+            row = get_member(s, member)
             version, host = row.version, row.host
         self.master(version).decommission(host)
         with session_scope(self.url) as s:
@@ -283,7 +308,7 @@ class LocalCluster:
             raise ChangeoverError(f"member {member}", f"its worker does not report Spark {version}",
                                   "check the runtime folder of that version")
         with session_scope(self.url) as s:
-            row = self._member(s, member)
+            row = get_member(s, member)
             row.version, row.webui_port, row.status = version, webui, "ACTIVE"
             row.pid, row.pid_started, row.drain_started_at = started.pid, started.start_ticks, None
             audit.record(s, "member.start", "member", member, version=version, master=master_row.url,
@@ -292,7 +317,7 @@ class LocalCluster:
     def stop_worker(self, member: str, grace: float = STOP_GRACE) -> None:
         """SIGTERM the worker's process group, SIGKILL after `grace` s; pass IDLE_STOP_GRACE for a drained one."""
         with session_scope(self.url) as s:
-            row = self._member(s, member)
+            row = get_member(s, member)
             began = time.monotonic()
             processes.stop_group(row.pid, row.pid_started, timeout=grace)
             pidfile = self.pid_dir / f"worker-{member}.pid"
@@ -305,15 +330,6 @@ class LocalCluster:
                          seconds=round(time.monotonic() - began, 1))
 
     # -- helpers -----------------------------------------------------------------------------
-    @staticmethod
-    def _member(s: Any, name: str) -> Member:
-        row = s.get(Member, name)
-        if row is None:
-            known = ", ".join(s.scalars(select(Member.name).order_by(Member.name))) or "none"
-            raise ChangeoverError(f"member {name!r}", f"no such member (known: {known})",
-                                  "use a name from `changeover cluster status`")
-        return row
-
     def _env(self, runtime: Runtime, extra: dict[str, str]) -> dict[str, str]:
         # Drivers inherit a worker's environment: no registry URL in it (they get a reference of their own).
         env = {k: v for k, v in os.environ.items()

@@ -13,7 +13,7 @@ from rich.console import Console
 from sqlalchemy import select
 
 from changeover import jobs, local_airflow, moves, verify
-from changeover.cluster import LocalCluster, wait_for
+from changeover.cluster import Membership, membership_for, wait_for
 from changeover.generator import Generator
 from changeover.registry.db import forget_engines, session_scope
 from changeover.registry.models import Event, JobRun
@@ -34,7 +34,7 @@ def run_demo(keep_airflow: bool = False) -> int:
     java_home()
     for version in (FROM_VERSION, TO_VERSION):
         find_runtime(settings.runtimes_dir, version)
-    cluster = LocalCluster(settings)
+    cluster = membership_for(settings)
     cluster.down()  # leftovers of an earlier demo in this folder
     shutil.rmtree(settings.home, ignore_errors=True)
     forget_engines()
@@ -93,7 +93,7 @@ def _print_task(ti: dict[str, Any]) -> None:
     console.print(f"  {ti['task_id']:<10} {ti['state'] or 'none':<10} try {ti['try_number']}")
 
 
-def _run(settings: Settings, cluster: LocalCluster, job: str) -> JobRun:
+def _run(settings: Settings, cluster: Membership, job: str) -> JobRun:
     run = jobs.refresh(settings, cluster, job)
     assert run is not None
     if run.state in ("FAILED", "KILLED"):
@@ -101,12 +101,12 @@ def _run(settings: Settings, cluster: LocalCluster, job: str) -> JobRun:
     return run
 
 
-def _placed(settings: Settings, cluster: LocalCluster, job: str) -> bool:
+def _placed(settings: Settings, cluster: Membership, job: str) -> bool:
     run = _run(settings, cluster, job)
     return run.state == "RUNNING" and run.member is not None
 
 
-def _summary(settings: Settings, cluster: LocalCluster, generator: Generator, wall: float) -> int:
+def _summary(settings: Settings, cluster: Membership, generator: Generator, wall: float) -> int:
     status = cluster.status()
     with session_scope(settings.database_url) as s:
         events = list(s.scalars(select(Event).order_by(Event.id)))

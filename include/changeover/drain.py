@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import func, or_, select
 
 from changeover import audit, faults, jobs, placement, relocate, warm
-from changeover.cluster import LocalCluster, Membership
+from changeover.cluster import Membership, get_member
 from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.registry.db import lock_all, session_scope
 from changeover.registry.models import STOPPING, Event, Job, JobRun, Member, utcnow
@@ -120,7 +120,7 @@ def _killed_since(job: Job, run: JobRun, since: datetime | None) -> bool:
 def plan(settings: Settings, membership: Membership, member: str, shutdown_timeout: int | None = None) -> DrainPlan:
     """What draining `member` waits for now. shutdown_timeout caps each job's own timeout."""
     with session_scope(settings.database_url) as s:
-        row = LocalCluster._member(s, member)
+        row = get_member(s, member)
         status, started = row.status, row.drain_started_at
         others = s.scalars(select(Member.name).where(Member.name != member, Member.status.in_(BUSY))).all()
     result = DrainPlan(member=member, status=status)
@@ -290,7 +290,7 @@ def drain_began(settings: Settings, member: str) -> datetime | None:
     """When the member's last drain began: its row's mark, or, once a worker's restart has cleared that (an abort
     that died midway and is run again), its last `drain.begin` event."""
     with session_scope(settings.database_url) as s:
-        marked = LocalCluster._member(s, member).drain_started_at
+        marked = get_member(s, member).drain_started_at
         return marked or s.scalar(select(func.max(Event.at)).where(Event.action == "drain.begin",
                                                                    Event.subject == member))
 
@@ -302,7 +302,7 @@ def recommission(settings: Settings, membership: Membership, member: str, reason
     then the worker is left as it is. True once restarted; safe to repeat."""
     drivers = jobs.drivers_on(settings, membership, member)
     with session_scope(settings.database_url) as s:
-        version = LocalCluster._member(s, member).version
+        version = get_member(s, member).version
         movable = set(s.scalars(select(Job.current_run_id).where(  # only these drivers' jobs, not the fleet's
             Job.fault_tolerant.is_(True), Job.current_run_id.in_([run.id for run in drivers]))))
     standbys = [run for run in drivers if run.id not in movable and run.standby_of is not None]
@@ -331,7 +331,7 @@ def _refuse_failed_moves(settings: Settings, current: DrainPlan, upgrade_key: st
     died) was handed back to its parked run each time: asking it to stop again would only fail again, so the drain
     stops here for a person to decide. Nothing is lost: the job is on its old run, at the batch it parked on."""
     with session_scope(settings.database_url) as s:
-        began = LocalCluster._member(s, current.member).drain_started_at
+        began = get_member(s, current.member).drain_started_at
     if began is None:
         return
     failed = [(name, tries) for name in current.save if (tries := relocate.failed_tries(settings, name, began))]
@@ -381,7 +381,7 @@ def abort(settings: Settings, membership: Membership, member: str, reason: str) 
     # also after an abort that died between the restart and here: what is looked at is the jobs' runs
     continued = jobs.continue_ended_on(settings, membership, member, began)
     with session_scope(settings.database_url) as s:
-        row = LocalCluster._member(s, member)
+        row = get_member(s, member)
         row.status, row.drain_started_at = "ACTIVE", None
         audit.record(s, "drain.abort", "member", member, reason=reason, worker_restarted=restart,
                      jobs_continued=continued, still_decommissioned=current.decommissioned and not restart)

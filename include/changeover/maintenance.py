@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from changeover import audit
-from changeover.cluster import LocalCluster
+from changeover.cluster import get_member
 from changeover.registry.db import session_scope
 from changeover.registry.models import Member
 from changeover.settings import Settings
@@ -13,7 +13,7 @@ from changeover.settings import Settings
 
 def mark(settings: Settings, member: str, reason: str) -> None:
     with session_scope(settings.database_url) as s:
-        row = LocalCluster._member(s, member)
+        row = get_member(s, member)
         if row.maintenance != reason:
             row.maintenance = reason
             audit.record(s, "member.maintenance.mark", "member", member, reason=reason)
@@ -21,7 +21,7 @@ def mark(settings: Settings, member: str, reason: str) -> None:
 
 def unmark(settings: Settings, member: str, why: str) -> None:
     with session_scope(settings.database_url) as s:
-        row = LocalCluster._member(s, member)
+        row = get_member(s, member)
         if row.maintenance is not None:
             row.maintenance = None
             audit.record(s, "member.maintenance.unmark", "member", member, reason=why)

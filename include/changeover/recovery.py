@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select
 
 from changeover import audit, drain, jobs, relocate, upgrades, verify
-from changeover.cluster import LocalCluster
+from changeover.cluster import Membership, get_member
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, Savepoint, UpgradeRun
@@ -45,7 +45,7 @@ def status(settings: Settings, key: str) -> dict[str, Any]:
         }
 
 
-def abort(settings: Settings, cluster: LocalCluster, key: str, reason: str = "aborted by hand") -> dict[str, Any]:
+def abort(settings: Settings, cluster: Membership, key: str, reason: str = "aborted by hand") -> dict[str, Any]:
     """Members back in service, stops withdrawn, jobs running, the upgrade ended ABORTED (lock and savepoints
     released). A SUCCEEDED upgrade is refused: there is nothing to undo."""
     with session_scope(settings.database_url) as s:
@@ -94,7 +94,7 @@ def resume(settings: Settings, key: str) -> None:
         audit.record(s, "upgrade.resume", "upgrade", key)
 
 
-def _return_to_service(settings: Settings, cluster: LocalCluster, member: str, reason: str) -> bool:
+def _return_to_service(settings: Settings, cluster: Membership, member: str, reason: str) -> bool:
     with session_scope(settings.database_url) as s:
         row = s.get(Member, member)
         if row is None or row.status not in STUCK:
@@ -112,14 +112,14 @@ def _return_to_service(settings: Settings, cluster: LocalCluster, member: str, r
             cluster.start_worker(member, version)
     continued = jobs.continue_ended_on(settings, cluster, member, began)  # also after an abort that died midway
     with session_scope(settings.database_url) as s:
-        row = LocalCluster._member(s, member)
+        row = get_member(s, member)
         row.status, row.drain_started_at = "ACTIVE", None
         audit.record(s, "member.return", "member", member, was=state, version=version, reason=reason,
                      worker_restarted=restart, still_decommissioned=not restart, jobs_continued=continued)
     return True
 
 
-def _withdraw_moves(settings: Settings, cluster: LocalCluster, reason: str) -> list[str]:
+def _withdraw_moves(settings: Settings, cluster: Membership, reason: str) -> list[str]:
     """Jobs still asked to move run again where they are: a parked run resumes, an ended one continues."""
     with session_scope(settings.database_url) as s:
         moving = list(s.scalars(select(Job.name).where(Job.desired == "MOVE")))

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select
 
 from changeover import audit, drain, maintenance, upgrade, upgrades
-from changeover.cluster import LocalCluster
+from changeover.cluster import Membership
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Member, UpgradeRun, utcnow
@@ -55,7 +55,7 @@ def start(settings: Settings, upgrade_key: str, members: list[str], live_jobs: l
 
 def step(
     settings: Settings,
-    cluster: LocalCluster,
+    cluster: Membership,
     upgrade_key: str,
     shutdown_timeout: int | None = None,
     window: DrainWindow | None = None,
@@ -107,7 +107,7 @@ def step(
 
 
 def observe(
-    settings: Settings, cluster: LocalCluster, upgrade_key: str, shutdown_timeout: int | None = None
+    settings: Settings, cluster: Membership, upgrade_key: str, shutdown_timeout: int | None = None
 ) -> RollStatus:
     """Read-only: what the roll waits on now (for a trigger)."""
     with session_scope(settings.database_url) as s:

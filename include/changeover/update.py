@@ -166,6 +166,7 @@ class Stability:
     run: int
     batches: int  # committed by the run since its restore, the fewest of its stages
     lag_seconds: float | None  # age of its last commit
+    ended: bool = False  # the run is no longer live: waiting longer cannot make it stable
 
 
 def stability(settings: Settings, membership: Membership, job: str, savepoint: str, batches: int,
@@ -183,7 +184,7 @@ def stability(settings: Settings, membership: Membership, job: str, savepoint: s
                 for stage in progress), default=0)
     lag = (utcnow() - as_utc(run.last_commit_at)).total_seconds() if run.last_commit_at else None
     if run.state not in jobs.LIVE:
-        return Stability(False, f"run {run.id} is {run.state}: {gist(run.error)}", run.id, done, lag)
+        return Stability(False, f"run {run.id} is {run.state}: {gist(run.error)}", run.id, done, lag, ended=True)
     if done < batches:
         return Stability(False, f"{done} of {batches} batches committed", run.id, done, lag)
     if lag is None or lag > max_lag_seconds:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from changeover import audit, jobs, relocate, routing
-from changeover.cluster import IDLE_STOP_GRACE, STOP_GRACE, LocalCluster
+from changeover.cluster import IDLE_STOP_GRACE, STOP_GRACE, Membership, get_member
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import STOPPING, Job
@@ -13,12 +13,12 @@ from changeover.runtimes import check_version, find_runtime
 from changeover.settings import Settings
 
 
-def upgrade_member(settings: Settings, cluster: LocalCluster, member: str, version: str) -> str:
+def upgrade_member(settings: Settings, cluster: Membership, member: str, version: str) -> str:
     """Restart a drained member's worker from the new runtime. Returns the version it had before."""
     check_version(version)
     find_runtime(settings.runtimes_dir, version)
     with session_scope(settings.database_url) as s:
-        row = LocalCluster._member(s, member)
+        row = get_member(s, member)
         old, status = row.version, row.status
         if old == version and status == "ACTIVE":
             return old  # already done: a retried task changes nothing
@@ -40,7 +40,7 @@ def upgrade_member(settings: Settings, cluster: LocalCluster, member: str, versi
     return old
 
 
-def rebalance_step(settings: Settings, cluster: LocalCluster, upgrade_key: str | None = None) -> list[str]:
+def rebalance_step(settings: Settings, cluster: Membership, upgrade_key: str | None = None) -> list[str]:
     """Move fault-tolerant jobs that run off the largest group. Returns the jobs still moving."""
     target = routing.target_version(settings)
     moving = []

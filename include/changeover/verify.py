@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 
 from changeover import audit, jobs, placement, processes, roll, routing, upgrades, warm
-from changeover.cluster import LocalCluster
+from changeover.cluster import Membership
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Master, Member, Savepoint, UpgradeRun
@@ -34,7 +34,7 @@ class UpgradePlan:
 
 
 def preflight(
-    settings: Settings, cluster: LocalCluster, target: str, requested: list[str], upgrade_key: str,
+    settings: Settings, cluster: Membership, target: str, requested: list[str], upgrade_key: str,
     dry_run: bool = False,
 ) -> UpgradePlan:
     check_version(target)
@@ -69,7 +69,7 @@ def preflight(
     return UpgradePlan(target, todo, old, [j for j in jobs.list_jobs(settings) if j["state"] in jobs.LIVE], moves)
 
 
-def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: str) -> dict[str, Any]:
+def verify(settings: Settings, cluster: Membership, target: str, upgrade_key: str) -> dict[str, Any]:
     upgrades.require_active(settings, upgrade_key)
     cluster.stop_empty_masters()  # an old group's, if the try that emptied it died first; an unused target's
     problems: list[str] = []
@@ -108,7 +108,7 @@ def verify(settings: Settings, cluster: LocalCluster, target: str, upgrade_key: 
     return {"target_version": target, "members": members, "jobs": placed, "skipped": sorted(skipped)}
 
 
-def jobs_left_down(settings: Settings, cluster: LocalCluster, upgrade_key: str) -> list[str]:
+def jobs_left_down(settings: Settings, cluster: Membership, upgrade_key: str) -> list[str]:
     """Each job that ran as the upgrade began and is down now, not by anyone's stop, with the savepoint to resume
     it from: what neither a verify nor an abort may report as success."""
     with session_scope(settings.database_url) as s:

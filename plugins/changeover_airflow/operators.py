@@ -9,7 +9,7 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 from changeover import audit, jobs, maintenance, roll, savepoints, update, upgrade, upgrades, verify
-from changeover.cluster import LocalCluster
+from changeover.cluster import Membership, membership_for
 from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.settings import Settings
 from changeover.windows import DrainWindow
@@ -34,14 +34,14 @@ class ChangeoverOperator(BaseOperator):
         self.changeover_conn_id = changeover_conn_id
         self.overall_timeout = overall_timeout  # s a try may spend across all its deferrals
 
-    def _setup(self, context: Any) -> tuple[Settings, LocalCluster]:
+    def _setup(self, context: Any) -> tuple[Settings, Membership]:
         ti = context["ti"]
         # The person first: the user who triggered the run (a scheduled run has none), then where it ran.
         user = getattr(context.get("dag_run"), "triggering_user_name", None) or "scheduler"
         audit.act_as(audit.Acting(f"{user} via airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}#{ti.try_number}",
                                   upgrade_key(context) if self.upgrade_step else None))
         settings = ChangeoverHook(self.changeover_conn_id).get_settings()
-        return settings, LocalCluster(settings)
+        return settings, membership_for(settings)
 
     def _skip_if_dry_run(self, context: Any) -> None:
         if context["params"].get("dry_run"):
@@ -56,6 +56,7 @@ class ChangeoverOperator(BaseOperator):
         shutdown_timeout: int | None = None,
         fire_by: datetime | None = None,
         deadline: float | None = None,
+        params: dict[str, Any] | None = None,
     ) -> None:
         """Wait in a trigger for the next step: at most `timeout` s for this wait, and never past `deadline`
         (epoch s), which the first deferral of a try sets from `overall_timeout` and each later one carries."""
@@ -76,7 +77,7 @@ class ChangeoverOperator(BaseOperator):
         fire_at = min(x for x in (fire_by.timestamp() if fire_by else None, deadline) if x is not None) \
             if fire_by or deadline else None
         self.defer(
-            trigger=ReconcileTrigger(kind, subject, {"home": str(settings.home)}, shutdown_timeout,
+            trigger=ReconcileTrigger(kind, subject, params, shutdown_timeout,
                                      conn_id=self.changeover_conn_id, fire_by=fire_at,
                                      acting=asdict(acting) if (acting := audit.acting()) else None),
             method_name="execute_complete",
@@ -272,27 +273,6 @@ class SavepointOperator(ChangeoverOperator):
         return self.execute(context, event, deadline)
 
 
-class ResumeFromSavepointOperator(ChangeoverOperator):
-    """Resumes a job from a savepoint on the largest version group; a live job is left as it is."""
-
-    template_fields: Sequence[str] = ("job", "savepoint_name")
-
-    def __init__(self, *, job: str, savepoint_name: str, rename_stages: dict[str, str] | None = None,
-                 allow_non_restored_state: bool = False, rewind_sink: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.job = job
-        self.savepoint_name = savepoint_name
-        self.rename_stages = rename_stages or {}
-        self.allow_non_restored_state = allow_non_restored_state
-        self.rewind_sink = rewind_sink
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        settings, cluster = self._setup(context)
-        run = jobs.resume(settings, cluster, self.job, self.savepoint_name, rename_stages=self.rename_stages,
-                          allow_non_restored_state=self.allow_non_restored_state, rewind_sink=self.rewind_sink)
-        return {"job": self.job, "run": run.id, "spark_version": run.spark_version, "from": run.from_savepoint}
-
-
 class SavepointMaintenanceOperator(ChangeoverOperator):
     """Applies the retention policy to every fault-tolerant job, then reconciles crashed savepoints."""
 
@@ -391,40 +371,42 @@ class ResumeWithCodeOperator(ChangeoverOperator):
 
 class StabilityGateOperator(ChangeoverOperator):
     """Passes once the job's run has committed `batches` batches in every stage since its savepoint, without a
-    failure, with its last commit younger than `max_lag_seconds`; fails, not retried, past `gate_timeout`."""
+    failure, with its last commit younger than `max_lag_seconds`; fails, not retried, past `gate_timeout`. It
+    waits in the triggerer, not in a worker slot."""
 
     template_fields: Sequence[str] = ("job", "savepoint_name", "batches", "max_lag_seconds", "gate_timeout",
                                       "rename_stages")
 
     def __init__(self, *, job: str, savepoint_name: str, batches: Any = 5, max_lag_seconds: Any = 60,
-                 gate_timeout: Any = 300, rename_stages: Any = None, poll_interval: float = 2.0,
-                 **kwargs: Any) -> None:
+                 gate_timeout: Any = 300, rename_stages: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.job, self.savepoint_name = job, savepoint_name
         self.batches, self.max_lag_seconds, self.gate_timeout = batches, max_lag_seconds, gate_timeout
         self.rename_stages = rename_stages
-        self.poll_interval = poll_interval
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        import time
-
+    def execute(self, context: Any, event: dict[str, Any] | None = None,
+                deadline: float | None = None) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
         settings, cluster = self._setup(context)
-        deadline = time.monotonic() + float(self.gate_timeout)
-        while True:
-            result = update.stability(settings, cluster, str(self.job), self.savepoint_name, int(self.batches),
-                                      float(self.max_lag_seconds), self.rename_stages or {})
-            ended = not result.stable and result.reason.startswith(f"run {result.run} is ")
-            if result.stable or ended or time.monotonic() >= deadline:
-                break
-            time.sleep(self.poll_interval)  # observing a running job: no event to wait on
+        deadline = deadline if deadline is not None else time.time() + float(self.gate_timeout)
+        result = update.stability(settings, cluster, str(self.job), self.savepoint_name, int(self.batches),
+                                  float(self.max_lag_seconds), self.rename_stages or {})
+        if not (result.stable or result.ended or time.time() >= deadline):
+            self._defer("stable", str(self.job), settings, timeout=float(self.gate_timeout) + 60,
+                        fire_by=datetime.fromtimestamp(deadline, UTC), deadline=deadline,
+                        params={"savepoint": self.savepoint_name, "batches": int(self.batches),
+                                "max_lag_seconds": float(self.max_lag_seconds), "renames": self.rename_stages or {}})
         update.record_gate(settings, str(self.job), result)
         context["ti"].xcom_push(key="stability", value=result.__dict__)
         if not result.stable:
             raise AirflowFailException(f"job {self.job} is not stable on its new code: {result.reason}")
         self.log.info("job %s is stable: %s", self.job, result.reason)
         return result.__dict__
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None,
+                         deadline: float | None = None) -> dict[str, Any]:
+        return self.execute(context, event, deadline)
 
 
 class RollbackJobOperator(ChangeoverOperator):

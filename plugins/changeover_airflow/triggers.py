@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-from changeover import audit, roll, upgrade
-from changeover.cluster import LocalCluster
+from changeover import audit, roll, update, upgrade
+from changeover.cluster import membership_for
 from changeover.settings import Settings
 from changeover.spark_master import MasterUnreachable
 
@@ -17,19 +17,25 @@ from changeover.spark_master import MasterUnreachable
 SETTLE_SECONDS = 10.0
 
 
-def ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | None) -> tuple[bool, dict[str, Any]]:
+def ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | None,
+          params: dict[str, Any] | None = None) -> tuple[bool, dict[str, Any]]:
     """Whether the operator has a next step to take: a small, read-mostly observation. A master that does not
     answer is no news: the trigger keeps polling rather than failing the task."""
     try:
-        return _ready(kind, subject, settings, shutdown_timeout)
+        return _ready(kind, subject, settings, shutdown_timeout, params or {})
     except MasterUnreachable as exc:
         return False, {"unanswered": str(exc)}
 
 
-def _ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | None) -> tuple[bool, dict[str, Any]]:
+def _ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | None,
+           params: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
     if kind == "roll":
-        status = roll.observe(settings, LocalCluster(settings), subject, shutdown_timeout)
+        status = roll.observe(settings, membership_for(settings), subject, shutdown_timeout)
         return status.drain is None or status.drain.actionable, status.as_dict()
+    if kind == "stable":  # a job on new code: stable, or its run ended, decides the gate
+        result = update.stability(settings, membership_for(settings), subject, params["savepoint"],
+                                  int(params["batches"]), float(params["max_lag_seconds"]), params.get("renames") or {})
+        return result.stable or result.ended, {"stable": result.stable, "reason": result.reason}
     waiting = upgrade.jobs_stopping(settings)
     if kind == "stop":  # one job asked to stop at a batch boundary
         return subject not in waiting, {"stopping": waiting}
@@ -47,7 +53,7 @@ class ReconcileTrigger(BaseTrigger):
         self,
         kind: str,
         subject: str,
-        settings: dict[str, str],
+        params: dict[str, Any] | None = None,
         shutdown_timeout: int | None = None,
         poll_interval: float = 2.0,
         settle_seconds: float = SETTLE_SECONDS,
@@ -60,7 +66,7 @@ class ReconcileTrigger(BaseTrigger):
         self.shutdown_timeout = shutdown_timeout
         self.kind = kind
         self.subject = subject
-        self.settings = settings
+        self.params = params or {}  # what the observation of this kind needs beyond its subject
         self.poll_interval = poll_interval
         self.settle_seconds = settle_seconds
         self.conn_id = conn_id
@@ -69,7 +75,7 @@ class ReconcileTrigger(BaseTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             "changeover_airflow.triggers.ReconcileTrigger",
-            {"kind": self.kind, "subject": self.subject, "settings": self.settings,
+            {"kind": self.kind, "subject": self.subject, "params": self.params,
              "shutdown_timeout": self.shutdown_timeout, "poll_interval": self.poll_interval,
              "settle_seconds": self.settle_seconds, "conn_id": self.conn_id, "fire_by": self.fire_by,
              "acting": self.acting},
@@ -85,7 +91,7 @@ class ReconcileTrigger(BaseTrigger):
         last: dict[str, Any] | None = None
         while True:
             actionable, observed = await asyncio.to_thread(
-                ready, self.kind, self.subject, settings, self.shutdown_timeout
+                ready, self.kind, self.subject, settings, self.shutdown_timeout, self.params
             )
             if observed != last:
                 self.log.info("%s %s: %s", self.kind, self.subject, observed)
