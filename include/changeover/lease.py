@@ -13,6 +13,7 @@ job row's lock, the same lock the sink's fence takes.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -114,57 +115,100 @@ def extend(url: str, job: str, run_id: int) -> float | None:
         return length
 
 
+@dataclass(frozen=True)
+class Successor:
+    """The job's current run, as a parked run it replaced sees it."""
+
+    id: int
+    state: str
+    wrote: bool  # took the job over: its first batch ran (or committed)
+    ended: bool
+    claimed: bool  # claimed the job before its first batch (a sink nothing fences)
+    starting: bool  # alive and still starting, within its grace (`_starting`)
+
+
+@dataclass(frozen=True)
+class Parked:
+    """What a parked run's decision looks at, read under the job row's lock."""
+
+    ended: bool  # recorded as ended (by the control plane, say)
+    desired: str  # the job's desired state: RUN, STOP or MOVE
+    current: bool  # still the job's current run
+    taken_over_since: bool  # some later run of the job has written
+    expired: bool  # its lease ran out
+    successor: Successor | None  # the job's current run, when it is another
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: Decision
+    event: str | None = None  # the audit action: job.handoff, job.stop or job.unpark; none for a wait
+    reason: str | None = None
+    reclaim: bool = False  # make this run the job's current one again
+    run_again: bool = False  # set the job's desired state back to RUN
+
+
+def decide_parked(run: Parked) -> Verdict:
+    """The parked run's rules, as a pure function of what it observes (tested as a table)."""
+    if run.ended or run.desired == "STOP" or run.taken_over_since:
+        # recorded as ended, stopped by a user, or some later run has taken over: never reclaim
+        return Verdict("exit", "job.stop" if run.desired == "STOP" else "job.handoff")
+    successor = run.successor
+    if not run.current:
+        if successor is not None and successor.wrote:
+            return Verdict("exit", "job.handoff")
+        if successor is not None and successor.ended:
+            # e.g. the new version failed the job on its first batch: no reason to wait out the lease (the driver
+            # checks, as it resumes, that no sink it cannot fence shows a batch past its own)
+            return Verdict("resume", "job.unpark", f"its successor run {successor.id} ended {successor.state} before "
+                           "writing anything", reclaim=True, run_again=True)
+        if successor is not None and successor.claimed:
+            if not run.expired:
+                return Verdict("wait")  # its first batch may be writing a sink that cannot be fenced: never both
+            # Still no first batch when the lease ran out (it may wait for the cores this run holds): this run
+            # cannot resume beside it, so it leaves the job to it, as a cold successor's take-over would.
+            return Verdict("exit", "job.handoff", "its successor claimed the job and had not finished its first "
+                           "batch when the lease ran out; a sink it cannot fence cannot be written by both")
+        if run.expired and not (successor is not None and successor.starting):
+            return Verdict("resume", "job.unpark", "its lease ran out before the successor wrote anything; the "
+                           "successor is fenced", reclaim=True, run_again=True)
+        return Verdict("wait")
+    if run.desired == "RUN":
+        return Verdict("resume", "job.unpark", "the stop was withdrawn")
+    if not run.expired:
+        return Verdict("wait")
+    return Verdict("resume", "job.unpark", "its lease ran out and no successor was launched", run_again=True)
+
+
 def decide(url: str, job: str, run_id: int) -> Decision:
-    """What a parked run does now: keep waiting, exit (handed off), or resume (lease out, or stop withdrawn)."""
+    """What a parked run does now: keep waiting, exit (handed off), or resume (lease out, or stop withdrawn).
+    Observed, decided (`decide_parked`) and acted on under the job row's lock."""
     with session_scope(url) as s:
         row = lock_row(s, Job, job)
         run = s.get(JobRun, run_id)
         assert row is not None and run is not None
         now = utcnow()
-        expired = run.lease_until is not None and now >= as_utc(run.lease_until)
-        if run.ended_at is not None or row.desired == "STOP" or _taken_over_since(s, job, run_id):
-            # recorded as ended, stopped by a user, or some later run has taken over: never reclaim
+        successor = s.get(JobRun, row.current_run_id) if row.current_run_id not in (None, run_id) else None
+        seen = None if successor is None else Successor(
+            successor.id, successor.state, bool(successor.first_write_at or successor.first_commit_at),
+            successor.ended_at is not None, successor.claimed_at is not None,
+            _starting(successor, run, length_of(row), now))
+        verdict = decide_parked(Parked(
+            ended=run.ended_at is not None, desired=row.desired, current=row.current_run_id == run_id,
+            taken_over_since=_taken_over_since(s, job, run_id),
+            expired=run.lease_until is not None and now >= as_utc(run.lease_until), successor=seen))
+        if verdict.decision == "exit":
             run.ended_at, run.lease_until = run.ended_at or now, None
-            audit.record(s, "job.handoff" if row.desired != "STOP" else "job.stop", "job", job, run=run_id,
-                         successor=row.current_run_id)
-            return "exit"
-        if row.current_run_id != run_id:
-            successor = s.get(JobRun, row.current_run_id) if row.current_run_id else None
-            if successor is not None and (successor.first_write_at or successor.first_commit_at):
-                run.ended_at, run.lease_until = now, None
-                audit.record(s, "job.handoff", "job", job, run=run_id, successor=successor.id)
-                return "exit"
-            length = length_of(row)
-            if successor is not None and successor.ended_at is not None:
-                # e.g. the new version failed the job on its first batch: no reason to wait out the lease (the
-                # driver checks, as it resumes, that no sink it cannot fence shows a batch past its own)
-                why = f"its successor run {successor.id} ended {successor.state} before writing anything"
-            elif successor is not None and successor.claimed_at is not None:
-                if not expired:
-                    return "wait"  # its first batch may be writing a sink that cannot be fenced: never both
-                # Still no first batch when the lease ran out (it may wait for the cores this run holds): this run
-                # cannot resume beside it, so it leaves the job to it, as a cold successor's take-over would.
-                run.ended_at, run.lease_until = now, None
-                audit.record(s, "job.handoff", "job", job, run=run_id, successor=successor.id,
-                             reason="its successor claimed the job and had not finished its first batch when the "
-                                    "lease ran out; a sink it cannot fence cannot be written by both")
-                return "exit"
-            elif expired and not _starting(successor, run, length, now):
-                why = "its lease ran out before the successor wrote anything; the successor is fenced"
-            else:
-                return "wait"
-            row.make_current(run)
-            row.desired = "RUN"
-            _resume(s, job, run, why, successor=successor.id if successor else None)
-            return "resume"
-        if row.desired == "RUN":
-            _resume(s, job, run, "the stop was withdrawn")
-            return "resume"
-        if not expired:
-            return "wait"
-        row.desired = "RUN"
-        _resume(s, job, run, "its lease ran out and no successor was launched")
-        return "resume"
+            audit.record(s, str(verdict.event), "job", job, run=run_id, successor=row.current_run_id,
+                         **({"reason": verdict.reason} if verdict.reason else {}))
+        elif verdict.decision == "resume":
+            if verdict.reclaim:
+                row.make_current(run)
+            if verdict.run_again:
+                row.desired = "RUN"
+            _resume(s, job, run, str(verdict.reason),
+                    **({"successor": seen.id if seen else None} if verdict.reclaim else {}))
+        return verdict.decision
 
 
 STARTING_HEARTBEAT_SECONDS = 15.0  # a successor heard from this recently is alive
