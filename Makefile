@@ -12,7 +12,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
 SOAK_RUNS ?= 3
 
-.PHONY: demo test soak lint java chromium runtimes airflow-db clean
+.PHONY: demo test test-fast soak lint java chromium runtimes airflow-db clean
 
 demo: java $(VENV)/.installed runtimes airflow-db
 	$(BIN)/changeover demo
@@ -20,6 +20,11 @@ demo: java $(VENV)/.installed runtimes airflow-db
 test: java chromium $(VENV)/.installed runtimes airflow-db
 	$(BIN)/ruff check dags plugins include tests bench
 	$(BIN)/pytest -v -rs --durations=15
+
+# The unit tests and the control plane's decisions over the fake fleet, on the registries: no Spark, no Airflow.
+test-fast: $(VENV)/.installed runtimes airflow-db
+	$(BIN)/ruff check dags plugins include tests bench
+	$(BIN)/pytest -q -rs -m "not slow" --durations=5
 
 # Not in CI: the browser-triggered rolling upgrade through the real scheduler, SOAK_RUNS times in a row.
 soak: java chromium $(VENV)/.installed runtimes airflow-db

@@ -1,7 +1,8 @@
 """What one drain poll costs as the fleet grows: the real registry and the real drain code, simulated masters.
 
 A rolling upgrade's trigger polls `roll.observe` every 2 s while a member drains. This drains one member of
-a simulated fleet (`bench/simulated_fleet.py`: masters answer from memory and count calls) and reports the
+a simulated fleet (`bench/simulated_fleet.py` over the test double `tests/fake_fleet.py`: masters answer from
+memory and count calls) and reports the
 median time of one poll and the master calls it makes, for each fleet size, beside the baseline of the same
 run: observing every job of the fleet once (what a poll cost before it asked only about the member's jobs).
 
@@ -96,7 +97,7 @@ def main() -> None:
             fleet = SimulatedFleet(settings, members, count)
             member = next(iter(fleet.hosts))
             key = _draining(settings, fleet, member)
-            on_member = sum(1 for host in fleet.master_.drivers.values() if host == fleet.hosts[member])
+            on_member = sum(1 for driver in fleet.master_.drivers.values() if driver.host == fleet.hosts[member])
             poll, poll_calls = _timed(_Poll(settings, fleet, key), args.polls)
             every, every_calls = _timed(_EveryJob(settings, fleet, key), max(3, args.polls // 5))
             print(f"| {members} | {count} | {on_member} | {poll * 1000:.1f} ms | {poll_calls:.0f} | "

@@ -1,54 +1,31 @@
-"""A simulated membership backend for benchmarks only: masters that answer from memory, and count the calls.
-
-It implements the observation half of `changeover.cluster.Membership` for the real registry and the real
-drain code. It starts no process and is not shipped in `include/`: the real backend is `cluster.membership_for`.
+"""A large fleet for benchmarks: members and running jobs in the real registry, their masters the test double of
+`tests/fake_fleet.py` (in memory, counting calls). It starts no process; the real backend is `cluster.membership_for`.
 """
 
 from __future__ import annotations
 
-import secrets
-from collections import Counter
-from dataclasses import dataclass, field
+import sys
 from datetime import timedelta
+from pathlib import Path
 
-from changeover.registry.db import session_scope
-from changeover.registry.models import Job, JobRun, Master, Member, utcnow
-from changeover.settings import Settings
-from changeover.spark_master import DriverStatus
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from changeover.registry.db import session_scope  # noqa: E402
+from changeover.registry.models import Job, JobRun, Member, utcnow  # noqa: E402
+from changeover.settings import Settings  # noqa: E402
+from fake_fleet import FakeFleet, FakeMaster  # noqa: E402
 
 VERSION = "4.2.0"
 
 
-@dataclass
-class SimulatedMaster:
-    """One version group's master: its drivers (submission id -> worker host) and its workers' states."""
-
-    drivers: dict[str, str] = field(default_factory=dict)
-    workers: dict[str, str] = field(default_factory=dict)
-    calls: Counter[str] = field(default_factory=Counter)
-
-    def status(self, submission_id: str) -> DriverStatus:
-        self.calls["status"] += 1
-        host = self.drivers.get(submission_id)
-        return DriverStatus(submission_id, "RUNNING" if host else "UNKNOWN", host, VERSION)
-
-    def worker_state(self, host: str) -> str | None:
-        self.calls["worker_state"] += 1
-        return self.workers.get(host)
-
-    def decommission(self, host: str) -> None:
-        self.calls["decommission"] += 1
-        self.workers[host] = "DECOMMISSIONED"
-
-
-class SimulatedFleet:
-    """Members and jobs in the registry, their drivers in a `SimulatedMaster`."""
+class SimulatedFleet(FakeFleet):
+    """`members` members of one version group, `jobs` running fault-tolerant jobs spread over them."""
 
     def __init__(self, settings: Settings, members: int, jobs: int) -> None:
-        self.settings, self.master_ = settings, SimulatedMaster()
+        super().__init__(settings)
+        self.ensure_master(VERSION)
         self.hosts = {f"m{i:04d}": f"127.{1 + i // 250}.{i % 250}.1" for i in range(members)}
         with session_scope(settings.database_url) as s:
-            s.add(Master(version=VERSION, host="127.0.0.1", port=1, webui_port=2, rest_port=3, status="RUNNING"))
             for name, host in self.hosts.items():
                 s.add(Member(name=name, version=VERSION, host=host, status="ACTIVE"))
                 self.master_.workers[host] = "ALIVE"
@@ -56,7 +33,8 @@ class SimulatedFleet:
             now, names = utcnow(), list(self.hosts)
             for j in range(jobs):
                 member = names[j % members]
-                submission = f"driver-{secrets.token_hex(6)}"
+                submission = self.master_.create({"appArgs": []})
+                self.driver(submission).host = self.hosts[member]
                 job = Job(name=f"job{j:05d}", module="jobs.clicks", fault_tolerant=True, block_shutdown=False,
                           options={})
                 s.add(job)
@@ -67,31 +45,8 @@ class SimulatedFleet:
                 s.add(run)
                 s.flush()
                 job.current_run_id = run.id
-                self.master_.drivers[submission] = self.hosts[member]
+        self.master_.calls.clear()
 
-    # -- Membership: observation ------------------------------------------------------------------
-    def master(self, version: str) -> SimulatedMaster:
-        return self.master_
-
-    def executors_on(self, member: str) -> int:
-        self.master_.calls["executors_on"] += 1
-        return 0
-
-    def is_decommissioned(self, member: str) -> bool:
-        return self.master_.worker_state(self.hosts[member]) in (None, "DECOMMISSIONED", "DEAD")
-
-    def decommission(self, member: str) -> None:
-        self.master_.decommission(self.hosts[member])
-
-    # -- Membership: processes, which a simulation does not have ----------------------------------------
-    def ensure_master(self, version: str, port: int | None = None) -> Master:
-        raise NotImplementedError("a simulated fleet starts no master")
-
-    def stop_master_if_empty(self, version: str) -> bool:
-        raise NotImplementedError("a simulated fleet stops no master")
-
-    def start_worker(self, member: str, version: str) -> None:
-        raise NotImplementedError("a simulated fleet starts no worker")
-
-    def stop_worker(self, member: str, grace: float = 0.0) -> None:
-        raise NotImplementedError("a simulated fleet stops no worker")
+    @property
+    def master_(self) -> FakeMaster:
+        return self.masters[VERSION]

@@ -93,7 +93,9 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
     """The gate defers instead of sleeping in a worker slot: its trigger fires once the job is stable (or its run
     ended), and at the gate's deadline at the latest. The task's runtime context is a stand-in (a TI that records
     XComs); the registry, the operator, its trigger's observation and Airflow's TaskDeferred are real."""
+    import contextvars
     from types import SimpleNamespace
+    from typing import Any
 
     from airflow.sdk.exceptions import AirflowFailException
     from changeover import audit
@@ -123,8 +125,11 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
                                  max_lag_seconds=60, gate_timeout=300)
     before = time.time()
 
+    def in_task(call: Any, *args: Any) -> Any:  # each Airflow task runs in a context of its own (its actor)
+        return contextvars.copy_context().run(call, *args)
+
     with pytest.raises(TaskDeferred) as deferred:
-        gate.execute(context)  # 1 of 3 batches since the savepoint
+        in_task(gate.execute, context)  # 1 of 3 batches since the savepoint
     trigger, deadline = deferred.value.trigger, deferred.value.kwargs["deadline"]
     assert (trigger.kind, trigger.subject, trigger.params["savepoint"]) == ("stable", "clicks", "update-1")
     assert before + 300 <= deadline <= time.time() + 300 and trigger.fire_by == deadline
@@ -135,12 +140,13 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
         committed = s.get(JobRun, run_id)
         committed.progress, committed.last_commit_at = {"totals": 5}, committed.submitted_at
     assert ready("stable", "clicks", settings, None, trigger.params)[0]
-    assert gate.execute_complete(context, {}, deadline)["stable"]
+    assert in_task(gate.execute_complete, context, {}, deadline)["stable"]
     assert pushed["stability"]["batches"] == 3
 
     with session_scope(settings.database_url) as s:
         s.get(JobRun, run_id).state = "FAILED"
     with pytest.raises(AirflowFailException, match=f"run {run_id} is FAILED"):
-        gate.execute(context)  # an ended run: no wait at all
+        in_task(gate.execute, context)  # an ended run: no wait at all
     outcomes = [e.outcome for e in audit.find(settings.database_url, job="clicks") if e.action == "job.stability"]
     assert outcomes == ["passed", "failed"]
+    assert audit.acting() is None  # the test's own context was not touched

@@ -1,0 +1,118 @@
+"""What a drain waits for and acts on, as a table: seed 000's shutdown rules over a fake fleet (tests/fake_fleet.py)
+and the real registry, on SQLite and PostgreSQL, in seconds. Each case places one job on the member being drained,
+as its driver and its master would report it, and checks which list `drain.plan` puts it in."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from changeover import drain
+from changeover.registry.db import session_scope
+from changeover.registry.models import Job, JobRun, Member, utcnow
+from changeover.settings import Settings
+from fake_fleet import FakeFleet
+
+
+@pytest.fixture
+def fleet(settings: Settings) -> FakeFleet:
+    fleet = FakeFleet(settings)
+    fleet.up([("m1", "4.2.0"), ("m2", "4.2.0")])
+    return fleet
+
+
+def _draining(settings: Settings, member: str, for_seconds: float) -> None:
+    with session_scope(settings.database_url) as s:
+        row = s.get(Member, member)
+        row.status, row.drain_started_at = "DRAINING", utcnow() - timedelta(seconds=for_seconds)
+
+
+def _place(fleet: FakeFleet, member: str, *, fault_tolerant: bool = True, block_shutdown: bool = False,
+           shutdown_timeout: int = 30, desired: str = "RUN", driver: str = "RUNNING", state: str = "RUNNING",
+           ended: bool = False) -> str:
+    """A job whose current run's driver is on `member`, in the state its master reports."""
+    settings = fleet.settings
+    with session_scope(settings.database_url) as s:
+        host = s.get(Member, member).host
+        version = s.get(Member, member).version
+    submission = fleet.master(version).create({"appArgs": []})
+    fake = fleet.driver(submission)
+    fake.host, fake.state = host, driver
+    with session_scope(settings.database_url) as s:
+        job = Job(name="j", module="m", fault_tolerant=fault_tolerant, block_shutdown=block_shutdown,
+                  shutdown_timeout=shutdown_timeout, desired=desired, options={})
+        s.add(job)
+        s.flush()
+        run = JobRun(job="j", spark_version=version, master_url="spark://fake", state=state, progress={},
+                     member=member, submission_id=submission, heartbeat_at=utcnow(),
+                     ended_at=utcnow() if ended else None)
+        s.add(run)
+        s.flush()
+        job.make_current(run)
+    return "j"
+
+
+# (case, job placement, seconds the drain has run, shutdown_timeout cap, the list it lands in)
+CASES: list[tuple[str, dict[str, Any], float, int | None, str]] = [
+    ("fault-tolerant and running: moved", {}, 1, None, "save"),
+    ("asked to move, finishing its batch", {"desired": "MOVE"}, 1, None, "stopping"),
+    ("killed on its way to the move: moved from its checkpoint",
+     {"desired": "MOVE", "driver": "KILLED", "state": "KILLED", "ended": True}, 1, None, "stopped"),
+    ("its worker lost on the way (Spark's ERROR)", {"desired": "MOVE", "driver": "ERROR"}, 1, None, "stopped"),
+    ("blockShutdown: waited for", {"fault_tolerant": False, "block_shutdown": True}, 3600, None, "wait"),
+    ("within its shutdown timeout", {"fault_tolerant": False, "shutdown_timeout": 30}, 10, None, "grace"),
+    ("past its shutdown timeout", {"fault_tolerant": False, "shutdown_timeout": 30}, 31, None, "cancel"),
+    ("past the drain's cap on timeouts", {"fault_tolerant": False, "shutdown_timeout": 300}, 10, 5, "cancel"),
+    ("parked, its successor not yet writing", {"desired": "RUN", "driver": "RUNNING", "state": "STOPPED"}, 1, None,
+     "handoff"),
+]
+
+
+@pytest.mark.parametrize(("placement", "seconds", "cap", "lands_in"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_a_drain_sorts_each_job_by_seed_000s_rules(fleet: FakeFleet, placement: dict[str, Any], seconds: float,
+                                                   cap: int | None, lands_in: str) -> None:
+    name = _place(fleet, "m1", **placement)
+    _draining(fleet.settings, "m1", seconds)
+    plan = drain.plan(fleet.settings, fleet, "m1", shutdown_timeout=cap)
+    found = {kind for kind in ("save", "warming", "stopping", "stopped", "wait", "grace", "cancel", "handoff")
+             if name in getattr(plan, kind)}
+    assert found == {lands_in}
+    # only a batch being finished holds the next step back: otherwise it moves, cancels or decommissions
+    assert plan.actionable == (lands_in != "stopping")
+    if lands_in == "grace":
+        assert plan.grace[name] == pytest.approx(30 - seconds, abs=2)
+
+
+def test_a_job_on_another_member_is_not_the_drains(fleet: FakeFleet) -> None:
+    _place(fleet, "m2")
+    _draining(fleet.settings, "m1", 1)
+    plan = drain.plan(fleet.settings, fleet, "m1")
+    assert not plan.jobs_left and plan.actionable  # nothing left: the next step decommissions
+
+
+def test_one_drain_at_a_time(fleet: FakeFleet) -> None:
+    _draining(fleet.settings, "m2", 1)
+    plan = drain.plan(fleet.settings, fleet, "m1")
+    assert plan.blocked_by == ["m2"] and not plan.actionable
+
+
+def test_a_decommissioned_member_waits_out_its_executors_grace_then_may_restart(fleet: FakeFleet) -> None:
+    _draining(fleet.settings, "m1", 1)
+    fleet.decommission("m1")
+    fleet.executors["m1"] = 2  # another member's driver still has executors on it
+    waiting = drain.plan(fleet.settings, fleet, "m1", shutdown_timeout=30)
+    assert waiting.decommissioned and waiting.executors == 2 and not waiting.actionable
+    past = drain.plan(fleet.settings, fleet, "m1", shutdown_timeout=0)
+    assert past.executors == 0 and past.executors_left == 2 and past.actionable
+
+
+def test_a_master_that_does_not_answer_leaves_the_job_where_it_was(fleet: FakeFleet) -> None:
+    """No word about a driver is no news: the run is observed again at the next poll, not declared dead."""
+    name = _place(fleet, "m1", desired="MOVE")
+    _draining(fleet.settings, "m1", 1)
+    fleet.master("4.2.0").unanswered.add("status")
+    assert drain.plan(fleet.settings, fleet, "m1").stopping == [name]
+    with session_scope(fleet.settings.database_url) as s:
+        assert s.get(JobRun, s.get(Job, name).current_run_id).ended_at is None
