@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -913,3 +914,38 @@ def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
     finally:
         closed.close()
     assert time.monotonic() - started >= 1.0  # it waited first: a restart would have cleared
+
+
+def test_a_successor_whose_write_only_the_sinks_own_database_holds_is_not_undone_by_a_reclaim(
+        settings: Settings, tmp_path: Path, pg_database: Any) -> None:
+    """A keyed table in another database commits before the registry records the write (first_write_at). The
+    successor died between the two: the registry says it wrote nothing and ended, which used to make the parked
+    run reclaim the job and skip, as already in the ledger, a batch id it planned with other offsets. The lease
+    reads the sink's own ledger: the successor wrote, so the parked run leaves the job to the successor's
+    checkpoint."""
+    from changeover.registry.models import SinkLedger
+    from changeover.registry.schema import migrate
+    from changeover.runtime import KeyedTable
+    from sqlalchemy import create_engine
+
+    elsewhere = (pg_database("changeover_sink") if settings.database_url.startswith("postgresql")
+                 else f"sqlite:///{tmp_path / 'users.db'}")
+    migrate(elsewhere)  # the sink's ledger table, as its first merge creates it
+    old = _job_with_parked_run(settings, lease_left=3600)  # parked at batch 4 of stage totals
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, old).sinks = {"totals": KeyedTable(elsewhere, "totals", keys=("key",)).describe()}
+    new = _successor(settings)
+    with session_scope(settings.database_url) as s:
+        successor = s.get(JobRun, new)
+        successor.state, successor.ended_at = "KILLED", utcnow()  # died after the sink's commit
+    engine = create_engine(elsewhere)
+    try:
+        with engine.begin() as connection:  # the parked run's own replayed batch 5 would not count; 5 by the
+            connection.execute(SinkLedger.__table__.insert().values(  # successor does
+                job="clicks", stage="totals", batch_id=5, rows=1, run_id=new, written_at=utcnow()))
+    finally:
+        engine.dispose()
+
+    assert lease.decide(settings.database_url, "clicks", old) == "exit"
+    with session_scope(settings.database_url) as s:
+        assert s.get(Job, "clicks").current_run_id == new and s.get(JobRun, old).ended_at is not None

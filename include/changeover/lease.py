@@ -22,6 +22,7 @@ from sqlalchemy import select
 from changeover import audit
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
+from changeover.runtime.sinks import WriteContext, from_description
 from changeover.timeutil import as_utc
 
 DEFAULT_LEASE_SECONDS = 120.0
@@ -190,7 +191,8 @@ def decide(url: str, job: str, run_id: int) -> Decision:
         now = utcnow()
         successor = s.get(JobRun, row.current_run_id) if row.current_run_id not in (None, run_id) else None
         seen = None if successor is None else Successor(
-            successor.id, successor.state, bool(successor.first_write_at or successor.first_commit_at),
+            successor.id, successor.state,
+            bool(successor.first_write_at or successor.first_commit_at) or _sinks_show_another(url, job, run),
             successor.ended_at is not None, successor.claimed_at is not None,
             _starting(successor, run, length_of(row), now))
         verdict = decide_parked(Parked(
@@ -226,6 +228,17 @@ def _starting(successor: JobRun | None, run: JobRun, length: float, now: Any) ->
     fresh = (now - as_utc(successor.heartbeat_at)).total_seconds() <= STARTING_HEARTBEAT_SECONDS
     cap = as_utc(run.lease_until) + timedelta(seconds=GRACE_LEASES * length)
     return fresh and now < cap
+
+
+def _sinks_show_another(url: str, job: str, run: JobRun) -> bool:
+    """Whether a sink's own store holds a batch past this run's progress written by another run: what the sink
+    has written is the truth, and the registry's record of it commits apart for a sink in another database."""
+    for stage, description in (run.sinks or {}).items():
+        written = from_description(description, url).written_by_others(WriteContext(url, job, stage, run.id))
+        own = (run.progress or {}).get(stage)
+        if written is not None and (own is None or written > own):
+            return True
+    return False
 
 
 def _taken_over_since(s: Any, job: str, run_id: int) -> bool:

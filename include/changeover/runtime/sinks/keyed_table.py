@@ -336,6 +336,15 @@ class KeyedTable(Sink):
             return connection.scalar(sa.select(sa.func.max(ledger.batch_id)).where(
                 ledger.job == context.job, ledger.stage == context.stage))
 
+    def written_by_others(self, context: WriteContext) -> int | None:
+        if self.url == context.registry_url or not sa.inspect(engine_for(self.url)).has_table(
+                SinkLedger.__tablename__):
+            return None  # in the registry's database, the fence's record commits with the merge
+        ledger = SinkLedger.__table__.c
+        with engine_for(self.url).connect() as connection:
+            return connection.scalar(sa.select(sa.func.max(ledger.batch_id)).where(
+                ledger.job == context.job, ledger.stage == context.stage, ledger.run_id != context.run_id))
+
     def rewind(self, context: WriteContext, batch: int | None, saved: Path | None) -> str:
         tables = self.tables()
         target, undo, keys = tables.target, tables.undo, list(self.keys)
