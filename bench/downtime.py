@@ -30,16 +30,19 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from changeover import jobs, local_airflow, moves, relocate
+from changeover import jobs
+from changeover.cli import local_airflow
+from changeover.cli.generator import EPOCH, Generator
 from changeover.cluster import Membership, membership_for, wait_for
 from changeover.errors import ChangeoverError
-from changeover.generator import EPOCH, Generator
+from changeover.jobs import moves
+from changeover.jobs.spark_settings import SparkSettings
 from changeover.registry.db import session_scope
 from changeover.registry.models import Event, JobRun
 from changeover.runtime.sinks.files import LOG, log_entries
 from changeover.settings import Settings
-from changeover.spark_settings import SparkSettings
 from changeover.timeutil import as_utc
+from changeover.upgrade import relocate
 from runtime_overhead import commits
 from scratch import scratch_settings
 from sqlalchemy import select

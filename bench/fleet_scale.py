@@ -20,11 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from changeover import jobs, roll, upgrades  # noqa: E402
+from changeover import jobs  # noqa: E402
 from changeover.registry.db import forget_engines, session_scope  # noqa: E402
 from changeover.registry.models import Member, UpgradeRun, utcnow  # noqa: E402
 from changeover.registry.schema import migrate  # noqa: E402
 from changeover.settings import Settings  # noqa: E402
+from changeover.upgrade import roll, upgrades  # noqa: E402
 from simulated_fleet import VERSION, SimulatedFleet  # noqa: E402
 from sqlalchemy import create_engine, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402

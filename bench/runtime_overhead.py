@@ -19,10 +19,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from changeover import jobs, savepoints
+from changeover.cli.generator import Generator
 from changeover.cluster import Membership, membership_for, wait_for
-from changeover.generator import Generator
+from changeover.jobs.spark_settings import SparkSettings
 from changeover.settings import Settings
-from changeover.spark_settings import SparkSettings
 from scratch import scratch_settings
 
 JOBS = Path(__file__).resolve().parent / "jobs"

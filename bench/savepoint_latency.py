@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from changeover import jobs, savepoints
+from changeover.cli.generator import Generator
 from changeover.cluster import membership_for
-from changeover.generator import Generator
 from scratch import scratch_settings
 
 

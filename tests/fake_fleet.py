@@ -16,10 +16,10 @@ from typing import Any
 
 from changeover import audit
 from changeover.cluster import NoMaster, get_member
+from changeover.cluster.spark_master import DriverStatus, MasterUnreachable
 from changeover.registry.db import session_scope
 from changeover.registry.models import Master, Member
 from changeover.settings import Settings
-from changeover.spark_master import DriverStatus, MasterUnreachable
 from sqlalchemy import select
 
 _submissions = itertools.count(1)

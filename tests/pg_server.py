@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from changeover.ports import free_port
+from changeover.cluster.ports import free_port
 
 
 @dataclass

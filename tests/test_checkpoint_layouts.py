@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from changeover import checkpoints
+from changeover.runtime import checkpoints
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 UUID = "0d259b5b-9243-40e7-b7a9-598c94830537"

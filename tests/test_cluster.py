@@ -4,14 +4,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from changeover import jobs, processes, rest_auth
-from changeover.cluster import LocalCluster, wait_for
+from changeover import jobs
+from changeover.cluster import LocalCluster, processes, rest_auth, wait_for
+from changeover.cluster.spark_master import SparkMaster, SubmissionRefused
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Master, Member, utcnow
 from changeover.registry.schema import migrate
 from changeover.settings import Settings
-from changeover.spark_master import SparkMaster, SubmissionRefused
 from changeover.timeutil import as_utc
 
 pytestmark = pytest.mark.slow

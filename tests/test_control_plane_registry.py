@@ -6,12 +6,13 @@ from __future__ import annotations
 import threading
 
 import pytest
-from changeover import audit, drain, recovery, roll, upgrades
+from changeover import audit
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Member
 from changeover.settings import Settings
+from changeover.upgrade import drain, recovery, roll, upgrades
 from sqlalchemy import select
 
 
@@ -80,8 +81,9 @@ def test_verify_fails_an_upgrade_that_left_a_job_down_and_names_the_savepoint_it
     import os
     from datetime import timedelta
 
-    from changeover import processes, verify
+    from changeover.cluster import processes
     from changeover.registry.models import Job, JobRun, Master, Savepoint, utcnow
+    from changeover.upgrade import verify
 
     with session_scope(settings.database_url) as s:  # this test's own process stands in for the member's worker
         s.add(Member(name="m1", version="4.3.0", host="127.0.1.1", status="ACTIVE", pid=os.getpid(),

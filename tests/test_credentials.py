@@ -33,6 +33,9 @@ def test_a_trigger_carries_no_registry_url() -> None:
     # it reads the registry's URL from its connection in the triggerer, as the task does
     _path, kwargs = ReconcileTrigger("stable", "clicks", {"savepoint": "update-1", "batches": 5}).serialize()
     assert "s3cret-pw" not in json.dumps(kwargs) and "postgresql" not in json.dumps(kwargs)
+    assert ReconcileTrigger(**kwargs).serialize()[1] == kwargs  # the triggerer rebuilds it from what was stored
+    older = {"kind": "roll", "subject": "dag/run", "settings": {"home": "/x"}, "shutdown_timeout": None}
+    assert ReconcileTrigger(**older).params == {}  # one stored by the release before still runs
 
 
 def test_the_hook_puts_the_connections_password_into_the_url_and_masks_it(tmp_path: Path) -> None:

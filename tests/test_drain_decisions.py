@@ -8,10 +8,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from changeover import drain
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
 from changeover.settings import Settings
+from changeover.upgrade import drain
 from fake_fleet import FakeFleet
 
 
@@ -64,7 +64,7 @@ CASES: list[tuple[str, dict[str, Any], float, int | None, str]] = [
     ("within its shutdown timeout", {"fault_tolerant": False, "shutdown_timeout": 30}, 10, None, "grace"),
     ("past its shutdown timeout", {"fault_tolerant": False, "shutdown_timeout": 30}, 31, None, "cancel"),
     ("past the drain's cap on timeouts", {"fault_tolerant": False, "shutdown_timeout": 300}, 10, 5, "cancel"),
-    ("parked, its successor not yet writing", {"desired": "RUN", "driver": "RUNNING", "state": "STOPPED"}, 1, None,
+    ("parked, its driver still up", {"desired": "RUN", "driver": "RUNNING", "state": "STOPPED"}, 1, None,
      "handoff"),
 ]
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from changeover import audit, jobs, maintenance, roll, verify
+from changeover import audit, jobs
 from changeover.cluster import LocalCluster, wait_for
 from changeover.registry.db import session_scope
 from changeover.registry.models import Member
 from changeover.settings import Settings
-from changeover.windows import DrainWindow
+from changeover.upgrade import maintenance, roll, verify
+from changeover.upgrade.windows import DrainWindow
 from conftest import ONE_REGISTRY
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("database_url", ONE_REGISTRY, indirect=True)]

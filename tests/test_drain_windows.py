@@ -9,7 +9,7 @@ import pendulum
 import pytest
 from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction
 from changeover.errors import ChangeoverError
-from changeover.windows import DrainWindow, may_start_drain
+from changeover.upgrade.windows import DrainWindow, may_start_drain
 from changeover_airflow import timetables
 from changeover_airflow.plugin import ChangeoverPlugin
 from changeover_airflow.timetables import DrainWindowTimetable

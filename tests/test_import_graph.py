@@ -89,11 +89,37 @@ def test_the_core_has_no_import_cycle() -> None:
     assert cycles(graph) == []
 
 
-def test_only_the_cluster_module_names_its_local_backend() -> None:
+def test_only_the_cluster_package_names_its_local_backend() -> None:
     """The seam: operators, triggers, the CLI, the control plane and the benches get a `Membership` from
     `cluster.membership_for`, so a second backend plugs in at one place."""
     root = CORE.parents[1]
     naming = [str(p.relative_to(root)) for folder in ("include", "plugins", "dags", "bench")
               for p in (root / folder).rglob("*.py")
-              if "LocalCluster" in p.read_text() and p != CORE / "cluster.py"]
+              if "LocalCluster" in p.read_text() and CORE / "cluster" not in p.parents]
     assert naming == []
+
+
+def test_the_core_is_grouped_by_role() -> None:
+    """Beside the few modules every role uses, each module lives in the folder of its role."""
+    flat = sorted(p.stem for p in CORE.glob("*.py"))
+    assert flat == ["__init__", "__main__", "audit", "errors", "faults", "names", "private_file", "settings",
+                    "timeutil"]
+    assert {p.name for p in CORE.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "cli", "cluster", "compat", "handoff", "jobs", "registry", "runtime", "savepoints", "upgrade"}
+
+
+def test_what_runs_inside_a_spark_runtime_imports_with_only_the_runtimes_packages() -> None:
+    """A driver's Python is a runtime's venv (pyspark, SQLAlchemy, psycopg): the driver and the compatibility
+    probes must not pull in the control plane's packages (httpx, typer...) through a package's __init__."""
+    import os
+    import subprocess
+
+    from changeover.cluster.runtimes import find_runtime
+    from changeover.settings import Settings
+
+    runtime = find_runtime(Settings.from_env().runtimes_dir, "4.2.0")
+    for module in ("changeover.runtime.driver", "changeover.compat.describe_job", "changeover.compat.dry_run_job",
+                   "changeover.compat.version_probe"):
+        done = subprocess.run([str(runtime.python), "-c", f"import {module}"], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(CORE.parent)}, timeout=120)
+        assert done.returncode == 0, f"{module}: {done.stderr.strip().splitlines()[-1:]}"

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from changeover import audit
 from changeover.errors import ChangeoverError
+from changeover.handoff.fence import Fenced
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun
 from changeover.runtime import KeyedTable
-from changeover.runtime.fence import Fenced
 from changeover.runtime.sinks import WriteContext
 from changeover.settings import Settings
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from changeover.lease import Parked, Successor, decide_parked
+from changeover.handoff.lease import Parked, Successor, decide_parked
 
 PARKED = Parked(ended=False, desired="MOVE", current=False, taken_over_since=False, expired=False, successor=None)
 STARTING = Successor(id=9, state="SUBMITTED", wrote=False, ended=False, claimed=False, starting=True)

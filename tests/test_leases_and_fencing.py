@@ -15,15 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from changeover import audit, drain, jobs, lease, relocate, roll, upgrades, verify, warm
+from changeover import audit, jobs
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
+from changeover.handoff import lease
+from changeover.handoff.fence import Fenced, hold
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Event, Job, JobRun, Master, Member, utcnow
-from changeover.runtime.fence import Fenced, hold
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from changeover.windows import DrainWindow
+from changeover.upgrade import drain, relocate, roll, upgrades, verify, warm
+from changeover.upgrade.windows import DrainWindow
 from sqlalchemy import func, select
 
 
@@ -118,7 +120,7 @@ def test_a_successor_that_failed_before_writing_hands_the_job_back_at_once(setti
 def test_moves_that_ended_before_writing_stop_the_drain_after_one_failure_or_three_tries(settings: Settings) -> None:
     """One successor the new version failed is enough to stop asking the job to move; tries that died of other
     causes (killed, never accepted) are retried, up to three per drain."""
-    from changeover import relocate
+    from changeover.upgrade import relocate
 
     old = _job_with_parked_run(settings, lease_left=3600)
     since = utcnow() - timedelta(seconds=1)
@@ -602,8 +604,8 @@ def test_an_abort_whose_relaunch_fails_names_the_job_left_down_and_its_savepoint
     """The old group's master does not answer (nothing listens on its port): the withdrawn move cannot relaunch the
     job, so the abort fails naming the job and the savepoint to resume it from, keeps the upgrade's lock, and can be
     run again."""
-    from changeover import recovery
     from changeover.registry.models import Savepoint, UpgradeRun
+    from changeover.upgrade import recovery
 
     _cluster_rows(settings)
     upgrades.begin(settings, "up-1", "4.3.0", {})
@@ -939,10 +941,23 @@ def test_a_successor_whose_write_only_the_sinks_own_database_holds_is_not_undone
         successor = s.get(JobRun, new)
         successor.state, successor.ended_at = "KILLED", utcnow()  # died after the sink's commit
     engine = create_engine(elsewhere)
+
+    def ledger_row(batch: int, run: int) -> None:
+        with engine.begin() as connection:
+            connection.execute(SinkLedger.__table__.insert().values(
+                job="clicks", stage="totals", batch_id=batch, rows=1, run_id=run, written_at=utcnow()))
+
     try:
-        with engine.begin() as connection:  # the parked run's own replayed batch 5 would not count; 5 by the
-            connection.execute(SinkLedger.__table__.insert().values(  # successor does
-                job="clicks", stage="totals", batch_id=5, rows=1, run_id=new, written_at=utcnow()))
+        ledger_row(90, old - 1)  # an earlier run's batch (another timeline): says nothing about the successor
+        with session_scope(settings.database_url) as s:
+            s.get(JobRun, old).lease_until = utcnow() + timedelta(hours=1)
+        assert lease.decide(settings.database_url, "clicks", old) == "resume"  # a successor that wrote nothing
+        with session_scope(settings.database_url) as s:  # park again, the successor current once more
+            s.get(Job, "clicks").desired = "MOVE"
+        lease.park(settings.database_url, "clicks", old, {"totals": 4}, seconds=3600)
+        with session_scope(settings.database_url) as s:
+            s.get(Job, "clicks").make_current(s.get(JobRun, new))
+        ledger_row(5, new)  # the successor's batch, committed in the sink's database only
     finally:
         engine.dispose()
 

@@ -4,11 +4,11 @@ the moves through real drivers; here the members and runs are registry rows."""
 
 from __future__ import annotations
 
-from changeover import drain, placement, roll, upgrades, verify, warm
 from changeover.cluster import LocalCluster
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Master, Member
 from changeover.settings import Settings
+from changeover.upgrade import drain, placement, roll, upgrades, verify, warm
 
 
 def _members(settings: Settings, *specs: tuple[str, str]) -> None:

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from changeover import processes
+from changeover.cluster import processes
 
 PARENT = """import subprocess, sys, time
 child = subprocess.Popen([sys.executable, sys.argv[1]], start_new_session=True)

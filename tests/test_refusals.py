@@ -5,15 +5,15 @@ import socket
 from pathlib import Path
 
 import pytest
-from changeover import routing
 from changeover.cluster import LocalCluster
+from changeover.cluster.ports import require_free
+from changeover.cluster.runtimes import find_runtime
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
-from changeover.ports import require_free
 from changeover.runtime import Stage
-from changeover.runtimes import find_runtime
 from changeover.settings import Settings
-from changeover.upgrade import upgrade_member
+from changeover.upgrade import routing
+from changeover.upgrade.member_upgrade import upgrade_member
 
 
 @pytest.mark.parametrize("name", ["a/b", "..", "../etc", "x..y", "/abs", ""])

@@ -30,7 +30,7 @@ def test_only_a_database_that_is_away_is_waited_for(tmp_path) -> None:  # noqa: 
     """A refused connection (a server restarting) is retried until the patience runs out; a missing table is
     refused at once: retrying never clears it."""
     import pytest
-    from changeover.ports import free_port
+    from changeover.cluster.ports import free_port
     from changeover.registry.db import patiently, transient
     from sqlalchemy import text
     from sqlalchemy.exc import OperationalError

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-from changeover import local_airflow, savepoints
+from changeover import savepoints
+from changeover.cli import local_airflow
 from changeover.settings import Settings
 from sqlalchemy import create_engine, text
 from test_savepoint_refusals import _fake_committed_checkpoint, _job_with_checkpoint

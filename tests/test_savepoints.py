@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 from changeover import jobs, savepoints
+from changeover.cli.generator import Generator
 from changeover.cluster import LocalCluster, wait_for
+from changeover.cluster.runtimes import find_runtime, java_home
 from changeover.errors import ChangeoverError
-from changeover.generator import Generator
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, Savepoint, SinkLedger
-from changeover.runtimes import find_runtime, java_home
 from changeover.settings import Settings
 from conftest import ONE_REGISTRY, registry_settings
 from jobs import clicks

@@ -53,10 +53,11 @@ def test_an_idempotent_foreach_sink_is_written_again_without_asking(settings: Se
     assert _newest(settings) == 3
 
 
-def test_the_batch_a_savepoint_replays_is_recognised_by_every_sinks_ledger(settings: Settings, tmp_path: Path) -> None:
+def test_the_batch_a_savepoint_replays_goes_on_for_every_sink(settings: Settings, tmp_path: Path) -> None:
     """A move's stop can catch the next batch begun and delivered (its offsets are in the savepoint): the successor
-    replays it with the same offsets, and the ledger skips it, for a keyed table and a foreachBatch function alike.
-    Before, an at-least-once function's move was refused here on every try until its lease ran out."""
+    replays it with the same offsets. A keyed table's ledger skips it; an at-least-once function gets that one batch
+    again, as it declared. Before, an at-least-once function's move was refused here on every try until its lease
+    ran out."""
     _written_up_to(settings, 4)  # batch 4's offsets are in the savepoint: Spark replays it with the same ones
     keyed = {"audit": {"batch": 3, "replay_through": 4,
                        "sink": {"kind": "keyed_table", "url": settings.database_url, "table": "t", "keys": ["k"]}}}

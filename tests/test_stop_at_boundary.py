@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from changeover.checkpoints import last_commit, last_offsets
 from changeover.cluster import wait_for
 from changeover.runtime import Files, Stage
+from changeover.runtime.checkpoints import last_commit, last_offsets
 from changeover.runtime.queries import StageQueries
 
 pytestmark = pytest.mark.slow

@@ -9,13 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from changeover import audit, update
+from changeover import audit
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
+from changeover.jobs import code_update
+from changeover.jobs.shipping import store_job_code
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.settings import Settings
-from changeover.shipping import store_job_code
 
 JOB_CODE = "from changeover.runtime import Stage\n\n\ndef build(spark, ctx):\n    return []\n"
 
@@ -34,7 +35,7 @@ def _job(settings: Settings, tmp_path: Path, state: str) -> dict[str, str]:
         s.add(run)
         s.flush()
         s.get(Job, "orders").current_run_id = run.id
-    return update.current_code(settings, "orders")
+    return code_update.current_code(settings, "orders")
 
 
 def _new_code(tmp_path: Path) -> str:
@@ -48,23 +49,23 @@ def test_a_running_job_keeps_its_code_until_it_is_stopped(settings: Settings, tm
     old = _job(settings, tmp_path, "RUNNING")
     new = _new_code(tmp_path)
     with pytest.raises(ChangeoverError, match=r"code change of job orders: its run \d+ is still RUNNING.*stop the job"):
-        update.switch_code(settings, "orders", new, "test")
-    assert update.current_code(settings, "orders") == old
+        code_update.switch_code(settings, "orders", new, "test")
+    assert code_update.current_code(settings, "orders") == old
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, s.get(Job, "orders").current_run_id)
         run.state, run.ended_at = "STOPPED", utcnow()
-    assert update.switch_code(settings, "orders", new, "test") is True
-    assert update.switch_code(settings, "orders", new, "test") is False  # a retried task changes nothing
-    switched = update.current_code(settings, "orders")
+    assert code_update.switch_code(settings, "orders", new, "test") is True
+    assert code_update.switch_code(settings, "orders", new, "test") is False  # a retried task changes nothing
+    switched = code_update.current_code(settings, "orders")
     assert switched["code"] != old["code"] and switched["code"].endswith("orders.py")
     assert Path(switched["code"]).read_text().endswith("# v2\n")
     changes = [e for e in audit.find(settings.database_url, job="orders") if e.action == "job.update_code"]
     assert [(e.details["before"], e.details["after"]) for e in changes] == [(old["code"], switched["code"])]
-    assert update.switch_code(settings, "orders", old, "back") is True  # the shipped form, as a rollback has it
-    assert update.current_code(settings, "orders") == old
+    assert code_update.switch_code(settings, "orders", old, "back") is True  # the shipped form, as a rollback has it
+    assert code_update.current_code(settings, "orders") == old
 
 
 def test_a_rollback_leaves_a_job_that_still_runs_its_old_code(settings: Settings, tmp_path: Path) -> None:
     old = _job(settings, tmp_path, "RUNNING")
-    assert update.rollback(settings, LocalCluster(settings), "orders", old, "update-x", "the check failed") is None
+    assert code_update.rollback(settings, LocalCluster(settings), "orders", old, "update-x", "the check failed") is None
     assert not [e for e in audit.find(settings.database_url, job="orders") if e.action == "job.rollback"]

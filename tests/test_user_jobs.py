@@ -16,16 +16,18 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from changeover import audit, jobs, moves, relocate, savepoints, warm
+from changeover import audit, jobs, savepoints
+from changeover.cli.generator import Generator
 from changeover.cluster import LocalCluster, wait_for
 from changeover.errors import ChangeoverError
-from changeover.generator import Generator
+from changeover.jobs import moves
+from changeover.jobs.spark_settings import SparkSettings
 from changeover.registry.db import session_scope
 from changeover.registry.models import SinkLedger
 from changeover.runtime import KeyedTable
 from changeover.runtime.sinks.files import LOG, log_entries
 from changeover.settings import Settings
-from changeover.spark_settings import SparkSettings
+from changeover.upgrade import relocate, warm
 from conftest import ONE_REGISTRY, registry_settings
 from guide_words import GUIDE_JOB, Words, parquet_counts
 from jobs import click_audit, click_joins, clicks

@@ -5,10 +5,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from changeover import shipping
+from changeover.cluster.runtimes import find_runtime, java_home
+from changeover.jobs import shipping
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun
-from changeover.runtimes import find_runtime, java_home
 from changeover.settings import Settings
 from conftest import ONE_REGISTRY
 

@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from changeover.cluster.runtimes import SUPPORTED_VERSIONS
 from changeover.compat import version_table
 from changeover.errors import ChangeoverError
-from changeover.runtimes import SUPPORTED_VERSIONS
 from changeover.settings import CHECKOUT, Settings
 
 README = CHECKOUT / "README.md"

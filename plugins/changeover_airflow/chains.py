@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import Param
-from changeover.runtimes import SUPPORTED_VERSIONS, installed_versions
+from changeover.cluster.runtimes import SUPPORTED_VERSIONS, installed_versions
 from changeover.settings import Settings
 
 from changeover_airflow.operators import (

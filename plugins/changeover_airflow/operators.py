@@ -8,11 +8,13 @@ from typing import Any
 
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
-from changeover import audit, jobs, maintenance, roll, savepoints, update, upgrade, upgrades, verify
+from changeover import audit, jobs, savepoints
 from changeover.cluster import Membership, membership_for
 from changeover.errors import ChangeoverError, NeedsOperator
+from changeover.jobs import code_update
 from changeover.settings import Settings
-from changeover.windows import DrainWindow
+from changeover.upgrade import maintenance, member_upgrade, roll, upgrades, verify
+from changeover.upgrade.windows import DrainWindow
 
 from changeover_airflow.hooks import ChangeoverHook
 from changeover_airflow.triggers import ReconcileTrigger
@@ -182,7 +184,7 @@ class RebalanceJobsOperator(ChangeoverOperator):
         self._skip_if_dry_run(context)
         settings, cluster = self._setup(context)
         upgrades.require_active(settings, upgrade_key(context))
-        moving = upgrade.rebalance_step(settings, cluster, upgrade_key=upgrade_key(context))
+        moving = member_upgrade.rebalance_step(settings, cluster, upgrade_key=upgrade_key(context))
         if moving:
             self.log.info("still moving: %s", moving)
             self._defer("rebalance", "jobs", settings, self.rebalance_timeout, deadline=deadline)
@@ -327,15 +329,15 @@ class CompatibilityCheckOperator(ChangeoverOperator):
         settings, cluster = self._setup(context)
         job = str(self.job) if self.job else None
         if job and self.code:  # a code update: what to roll back to, and the new code shipped once, as checked
-            context["ti"].xcom_push(key="old_code", value=update.current_code(settings, job))
-            context["ti"].xcom_push(key="new_code", value=update.ship(settings, job, str(self.code)))
+            context["ti"].xcom_push(key="old_code", value=code_update.current_code(settings, job))
+            context["ti"].xcom_push(key="new_code", value=code_update.ship(settings, job, str(self.code)))
         reports: dict[str, Any] = {}
         refused: list[str] = []
         for name in [job] if job else jobs.fault_tolerant_jobs(settings):
-            if job is None and (reason := update.not_checkable(settings, cluster, name)):
+            if job is None and (reason := code_update.not_checkable(settings, cluster, name)):
                 self.log.info("job %s is not checked: %s", name, reason)  # an upgrade moves only running state
                 continue
-            report = update.check(settings, name, str(self.code) if self.code else None, self.savepoint_name,
+            report = code_update.check(settings, name, str(self.code) if self.code else None, self.savepoint_name,
                                   self.rename_stages or {}, dry_run=_bool(self.dry_run), strict=_bool(self.strict),
                                   target_version=self.target_version or None)
             passed = report.passes(_bool(self.allow_non_restored_state))
@@ -363,7 +365,7 @@ class ResumeWithCodeOperator(ChangeoverOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         settings, cluster = self._setup(context)
-        run = update.resume_with(settings, cluster, str(self.job), self.code, self.savepoint_name,
+        run = code_update.resume_with(settings, cluster, str(self.job), self.code, self.savepoint_name,
                                  renames=self.rename_stages or {},
                                  allow_non_restored_state=_bool(self.allow_non_restored_state))
         return {"job": self.job, "run": run.id, "spark_version": run.spark_version, "from": run.from_savepoint}
@@ -390,14 +392,14 @@ class StabilityGateOperator(ChangeoverOperator):
 
         settings, cluster = self._setup(context)
         deadline = deadline if deadline is not None else time.time() + float(self.gate_timeout)
-        result = update.stability(settings, cluster, str(self.job), self.savepoint_name, int(self.batches),
+        result = code_update.stability(settings, cluster, str(self.job), self.savepoint_name, int(self.batches),
                                   float(self.max_lag_seconds), self.rename_stages or {})
         if not (result.stable or result.ended or time.time() >= deadline):
             self._defer("stable", str(self.job), settings, timeout=float(self.gate_timeout) + 60,
                         fire_by=datetime.fromtimestamp(deadline, UTC), deadline=deadline,
                         params={"savepoint": self.savepoint_name, "batches": int(self.batches),
                                 "max_lag_seconds": float(self.max_lag_seconds), "renames": self.rename_stages or {}})
-        update.record_gate(settings, str(self.job), result)
+        code_update.record_gate(settings, str(self.job), result)
         context["ti"].xcom_push(key="stability", value=result.__dict__)
         if not result.stable:
             raise AirflowFailException(f"job {self.job} is not stable on its new code: {result.reason}")
@@ -428,7 +430,7 @@ class RollbackJobOperator(ChangeoverOperator):
         gate = context["ti"].xcom_pull(task_ids="gate", key="stability")
         why = (f"the stability gate failed: {gate['reason']}" if gate and not gate.get("stable")
                else "a step of the update failed before its stability gate")
-        run = update.rollback(settings, cluster, str(self.job), old_code, self.savepoint_name, why=why)
+        run = code_update.rollback(settings, cluster, str(self.job), old_code, self.savepoint_name, why=why)
         if run is None:
             self.log.info("job %s still runs its old code: nothing to roll back", self.job)
             return {"rolled_back": False}
@@ -460,7 +462,7 @@ class UpdateSummaryOperator(ChangeoverOperator):
         summary = {"job": self.job, "outcome": outcome,
                    "verdicts": {job: r["verdict"] for job, r in reports.items()},
                    "stability": stability.get("reason"),
-                   "downtime_seconds": update.downtime(settings, str(self.job), self.savepoint_name)}
+                   "downtime_seconds": code_update.downtime(settings, str(self.job), self.savepoint_name)}
         self.log.info("update of job %s: %s", self.job, summary)
         if outcome != "updated":
             raise AirflowFailException(f"job {self.job} was not updated: {outcome}; {summary}")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pendulum
 from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction, Timetable
-from changeover.windows import DAY_NAMES, DrainWindow
+from changeover.upgrade.windows import DAY_NAMES, DrainWindow
 from pendulum import DateTime
 
 

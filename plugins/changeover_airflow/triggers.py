@@ -6,10 +6,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-from changeover import audit, roll, update, upgrade
+from changeover import audit
 from changeover.cluster import membership_for
+from changeover.cluster.spark_master import MasterUnreachable
+from changeover.jobs import code_update
 from changeover.settings import Settings
-from changeover.spark_master import MasterUnreachable
+from changeover.upgrade import member_upgrade, roll
 
 # A deferring task's worker reports its own exit after it defers. A trigger that fires before the
 # scheduler has taken that report in makes it see a stale "success" and retry the task (apache/airflow
@@ -33,10 +35,10 @@ def _ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | 
         status = roll.observe(settings, membership_for(settings), subject, shutdown_timeout)
         return status.drain is None or status.drain.actionable, status.as_dict()
     if kind == "stable":  # a job on new code: stable, or its run ended, decides the gate
-        result = update.stability(settings, membership_for(settings), subject, params["savepoint"],
+        result = code_update.stability(settings, membership_for(settings), subject, params["savepoint"],
                                   int(params["batches"]), float(params["max_lag_seconds"]), params.get("renames") or {})
         return result.stable or result.ended, {"stable": result.stable, "reason": result.reason}
-    waiting = upgrade.jobs_stopping(settings)
+    waiting = member_upgrade.jobs_stopping(settings)
     if kind == "stop":  # one job asked to stop at a batch boundary
         return subject not in waiting, {"stopping": waiting}
     return not waiting, {"stopping": waiting}
@@ -60,6 +62,7 @@ class ReconcileTrigger(BaseTrigger):
         conn_id: str = "changeover_default",
         fire_by: float | None = None,
         acting: dict[str, str | None] | None = None,
+        settings: dict[str, str] | None = None,  # written by Changeover before 2026-11-26; unused
     ) -> None:
         super().__init__()
         self.acting = acting  # the deferring task's actor and upgrade, for the events its polls write

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from changeover import jobs, local_airflow
+from changeover import jobs
+from changeover.cli import local_airflow
 from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import forget_engines

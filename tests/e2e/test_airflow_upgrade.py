@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from changeover import audit, faults, jobs, moves, processes
-from changeover.cluster import wait_for
-from changeover.generator import Generator
+from changeover import audit, faults, jobs
+from changeover.cli.generator import Generator
+from changeover.cluster import processes, wait_for
+from changeover.jobs import moves
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, utcnow
 from changeover.timeutil import as_utc

@@ -12,17 +12,18 @@ from pathlib import Path
 
 import psutil
 import pytest
-from changeover import audit, drain, faults, jobs, recovery, relocate, roll, upgrade, upgrades
+from changeover import audit, faults, jobs
+from changeover.cli.generator import Generator
 from changeover.cluster import LocalCluster, wait_for
+from changeover.cluster.spark_master import MasterUnreachable, SparkMaster
 from changeover.errors import ChangeoverError, NeedsOperator
-from changeover.generator import Generator
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Master, Member, Savepoint, utcnow
 from changeover.registry.schema import migrate
 from changeover.runtime import KeyedTable
 from changeover.settings import Settings
-from changeover.spark_master import MasterUnreachable, SparkMaster
 from changeover.timeutil import as_utc
+from changeover.upgrade import drain, member_upgrade, recovery, relocate, roll, upgrades
 from jobs import clicks
 from sqlalchemy import func, select
 
@@ -68,7 +69,7 @@ def nothing_left_to_the_next_test(settings: Settings, cluster: LocalCluster) -> 
         if status == "DRAINING":
             drain.abort(settings, cluster, name, "test cleanup")
         else:
-            upgrade.upgrade_member(settings, cluster, name, version)
+            member_upgrade.upgrade_member(settings, cluster, name, version)
     for job in jobs.list_jobs(settings):
         if job["state"] in jobs.LIVE:
             jobs.cancel(settings, cluster, job["name"], reason="test cleanup")
@@ -268,7 +269,7 @@ def test_a_new_version_that_fails_a_moved_job_stops_the_roll_and_an_abort_runs_i
     # back to two 4.2.0 members for the tests below
     jobs.cancel(settings, cluster, "broken", reason="test done")
     _drain_until_done(settings, cluster, other, 120)
-    upgrade.upgrade_member(settings, cluster, other, "4.2.0")
+    member_upgrade.upgrade_member(settings, cluster, other, "4.2.0")
 
 
 def test_an_upgrade_failed_mid_drain_is_aborted_clean_and_a_new_one_succeeds(
@@ -300,7 +301,7 @@ def test_an_upgrade_failed_mid_drain_is_aborted_clean_and_a_new_one_succeeds(
         upgrades.begin(settings, "faults/2", "4.3.0", dict.fromkeys(order, "4.2.0"))
         roll.start(settings, "faults/2", order)
         _roll_until(settings, cluster, "faults/2", True, 900)
-        wait_for(lambda: not upgrade.rebalance_step(settings, cluster, "faults/2"), 300, "the job on 4.3.0",
+        wait_for(lambda: not member_upgrade.rebalance_step(settings, cluster, "faults/2"), 300, "the job on 4.3.0",
                  interval=2.0)
         upgrades.release(settings, "faults/2", "SUCCEEDED", "test")
     finally:
@@ -358,7 +359,7 @@ def test_a_driver_killed_after_its_stop_was_asked_goes_on_from_its_checkpoint_el
         assert ended.state == "STOPPED" or any(why in (ended.error or "") for why in (
             "JVM ended under its Python", "without reporting a failure of its own")), ended.error
     _assert_exact(settings, "killed_mid_stop", generator)
-    upgrade.upgrade_member(settings, cluster, first.member, "4.3.0")  # back in service for the next test
+    member_upgrade.upgrade_member(settings, cluster, first.member, "4.3.0")  # back in service for the next test
 
 
 def test_a_worker_lost_mid_drain_leaves_no_job_behind(settings: Settings, cluster: LocalCluster) -> None:
@@ -374,6 +375,6 @@ def test_a_worker_lost_mid_drain_leaves_no_job_behind(settings: Settings, cluste
     finally:
         generator.stop()
     _assert_exact(settings, "worker_lost", generator)
-    upgrade.upgrade_member(settings, cluster, first.member, "4.3.0")
+    member_upgrade.upgrade_member(settings, cluster, first.member, "4.3.0")
     with session_scope(settings.database_url) as s:
         assert s.get(Member, first.member).status == "ACTIVE"

@@ -10,13 +10,14 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from changeover import jobs, roll, upgrades
+from changeover import jobs
+from changeover.cli.generator import Generator
 from changeover.cluster import LocalCluster, wait_for
-from changeover.generator import Generator
 from changeover.registry.db import TRANSIENT, forget_engines, session_scope
 from changeover.registry.models import JobRun, Member
 from changeover.registry.schema import migrate
 from changeover.settings import Settings
+from changeover.upgrade import roll, upgrades
 from jobs import clicks
 from pg_server import Server, own_server
 from sqlalchemy import select

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from changeover import checkpoints
 from changeover.compat.checker import Report
 from changeover.compat.dry_run_job import MARKER
 from changeover.compat.extract import in_runtime
 from changeover.errors import ChangeoverError
+from changeover.jobs.shipping import JobCode
+from changeover.runtime import checkpoints
 from changeover.settings import Settings
-from changeover.shipping import JobCode
 
 # Spark's error classes (and one message of the offset log's), and the rule each one breaks.
 SPARK_ERRORS = (

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from changeover.cluster.runtimes import find_runtime, java_home
 from changeover.compat.describe_job import MARKER
 from changeover.errors import ChangeoverError
-from changeover.runtimes import find_runtime, java_home
+from changeover.jobs.shipping import JobCode, runtime_artifacts, store_job_code
+from changeover.jobs.spark_settings import SparkSettings
 from changeover.settings import Settings
-from changeover.shipping import JobCode, runtime_artifacts, store_job_code
-from changeover.spark_settings import SparkSettings
 
 
 def shipped_code(settings: Settings, job: str, code: str) -> JobCode:

@@ -15,9 +15,9 @@ from changeover.compat.checker import Report, check
 from changeover.compat.dry_run import dry_run as replay_on
 from changeover.compat.extract import describe_stages_of, shipped_code
 from changeover.jobs import get_job
+from changeover.jobs.shipping import JobCode
 from changeover.registry.db import session_scope
 from changeover.settings import Settings
-from changeover.shipping import JobCode
 
 
 def check_code(settings: Settings, code: str | None, savepoint: str, target_version: str | None = None,

@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from changeover.cluster.runtimes import SUPPORTED_VERSIONS, find_runtime, installed_versions, java_home
 from changeover.compat import version_probe
 from changeover.errors import ChangeoverError
-from changeover.runtimes import SUPPORTED_VERSIONS, find_runtime, installed_versions, java_home
 from changeover.settings import Settings
 
 TABLE = Path(__file__).with_name("version_table.json")

@@ -79,7 +79,11 @@ def engine_for(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+    # A server that stops answering (a black-holed network, a half-open connection) fails a call within about
+    # 25 s instead of hanging it: a driver's waits, and its self-fencing, run on failed calls.
+    args = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+            "keepalives_count": 3} if url.startswith("postgresql+psycopg") else {}
+    return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4, connect_args=args)
 
 
 def patiently(call: Callable[[], T], what: str, patience: float = REGISTRY_PATIENCE_SECONDS,

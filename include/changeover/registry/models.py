@@ -95,7 +95,7 @@ class JobRun(Base):
     from_savepoint: Mapped[str | None] = mapped_column(String(100))
     # SUBMITTED | RUNNING | STOPPED (at a batch boundary) | FINISHED | FAILED | KILLED, or STANDBY.
     # STOPPED with no ended_at is a parked run: its driver lives, holding its lease until a successor writes.
-    # STANDBY: a warm successor (see `changeover.warm`), started and waiting for `standby_of` to park.
+    # STANDBY: a warm successor (see `changeover.upgrade.warm`), started and waiting for `standby_of` to park.
     state: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     progress: Mapped[dict[str, Any]] = mapped_column(default=dict)  # stage -> last committed batch

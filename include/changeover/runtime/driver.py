@@ -2,7 +2,7 @@
 
 It checks the Spark version it was launched for before anything runs, runs each stage as one long-lived
 query, reports heartbeats and committed batches to the registry, and stops at a batch boundary when asked:
-a user's stop ends the run, a move parks it until its successor takes over (see `changeover.lease`).
+a user's stop ends the run, a move parks it until its successor takes over (see `changeover.handoff.lease`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ from typing import Any, TypeVar
 
 from sqlalchemy import update
 
-from changeover import audit, checkpoints, lease
+from changeover import audit
 from changeover.compat import plan
+from changeover.handoff import lease
 from changeover.registry import db
 from changeover.registry.db import TRANSIENT, lock_row, patiently, refused, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
+from changeover.runtime import checkpoints
 from changeover.runtime.contract import JobContext, Stage
 from changeover.runtime.queries import StageQueries
 from changeover.runtime.sinks.base import WriteContext
@@ -153,10 +155,12 @@ class Driver:
         return f"job {self.job} run {self.run_id}: the registry"
 
     def stop_state(self) -> str:
-        """"fenced" once another run is the job's current one, else the job's desired state: RUN, STOP or MOVE."""
+        """"fenced" once another run is the job's current one, or this run is recorded as ended (the control plane
+        declared it lost), else the job's desired state: RUN, STOP or MOVE."""
         with session_scope(self.url) as s:
             job = s.get(Job, self.job)
-            if job is None or job.current_run_id != self.run_id:
+            run = s.get(JobRun, self.run_id)
+            if job is None or job.current_run_id != self.run_id or run is None or run.ended_at is not None:
                 return "fenced"
             return job.desired
 
@@ -365,7 +369,7 @@ class Driver:
             self._self_fenced, self._self_fenced_at = [], None
             if state != "fenced":
                 queries.start(only=stopped)
-            patiently(partial(self.record_self_fence, stopped, seconds, state), self.registry)
+            self._patiently(partial(self.record_self_fence, stopped, seconds, state))
         return state
 
     def fence_self(self, queries: StageQueries, unfenced: list[str]) -> None:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from changeover.checkpoints import last_commit, last_offsets
+from changeover.runtime.checkpoints import last_commit, last_offsets
 from changeover.runtime.contract import Stage
 from changeover.runtime.sinks import WriteContext
 

@@ -5,7 +5,7 @@ defers, then does a minute of work once resumed (a member's upgrade takes that l
 - `race`: the child inherits the task's stdin, which is a socket to the task's supervisor, so the
   task's exit is seen only a minute later, and its trigger fires at once. The stale "success" arrives
   while the resumed try runs: the scheduler kills it and marks it failed (no retries here).
-- `settled`: the child keeps none of the task's sockets (as `changeover.processes.spawn` does), and the
+- `settled`: the child keeps none of the task's sockets (as `changeover.cluster.processes.spawn` does), and the
   trigger waits 10 s first. It succeeds on its first try.
 """
 

@@ -50,11 +50,11 @@ class Sink(ABC):
     def progress(self, context: WriteContext) -> int | None:
         """The newest batch the sink has recorded as written for this stage, None before any."""
 
-    def written_by_others(self, context: WriteContext) -> int | None:
-        """The newest batch of the stage that a run other than `context.run_id` wrote, as the sink's own store
-        records it; None when none did, or when the registry's record of who wrote cannot miss it (it commits in
-        the same transaction). A sink with a store of its own answers, so that a crash between its commit and the
-        registry's cannot hide a successor's write from the run it replaced."""
+    def written_by(self, context: WriteContext) -> bool | None:
+        """Whether the sink's own store holds a batch of the stage that run `context.run_id` wrote; None when the
+        registry's record of that run's first write cannot miss one (it commits in the same transaction). A sink
+        with a store of its own answers, so that a crash between its commit and the registry's cannot hide a
+        successor's write from the run it replaced."""
         return None
 
     def snapshot(self, context: WriteContext, batch: int, target: Path) -> None:

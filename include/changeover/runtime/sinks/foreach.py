@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 from sqlalchemy import delete, func, select
 
 from changeover.errors import ChangeoverError
+from changeover.handoff import fence
 from changeover.registry.db import patiently, session_scope
 from changeover.registry.models import SinkLedger
-from changeover.runtime import fence
-from changeover.runtime.sinks.base import Sink, WriteContext, run_without_writing
+from changeover.runtime.sinks.base import Sink, WriteContext
 
 BatchFunction = Callable[..., None]  # (batch_df, batch_id) or (batch_df, batch_id, epoch)
 
@@ -30,29 +30,20 @@ def _discard(frame: Any, batch_id: int, epoch: int) -> None:
     frame.count()
 
 
-def deliver(function: BatchFunction, context: WriteContext, batch: Any, batch_id: int) -> bool:
-    """One batch to the user's function inside the fence; False for a replay of a batch whose delivery is on record.
-
-    The ledger entry commits, under the fence, after the function returned: a batch in the ledger was delivered,
-    and its replay (a move's successor replays the batch its predecessor had begun, with the same offsets) runs
-    without calling the function again. A delivery cut short (the driver killed, the registry's connection lost
-    before the commit) is delivered again: at-least-once or idempotent, as declared. A registry that restarts is
-    waited for (patiently, with its deadline)."""
+def deliver(function: BatchFunction, context: WriteContext, batch: Any, batch_id: int) -> None:
+    """One batch to the user's function inside the fence. A registry that restarts or drops the connection is waited
+    for (patiently, with its deadline), and the batch delivered again: at-least-once or idempotent, as declared.
+    A replayed batch is delivered again too: the ledger is keyed by batch id, and a batch id can come back with other
+    data (a job started again on a fresh checkpoint), so it records deliveries and never skips one."""
     takes_epoch = len(inspect.signature(function).parameters) >= 3
 
-    def once() -> bool:
+    def once() -> None:
         with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as held:
-            if held.session.get(SinkLedger, (context.job, context.stage, batch_id)) is not None:
-                return False
             function(batch, batch_id, held.epoch) if takes_epoch else function(batch, batch_id)
-            held.session.add(SinkLedger(job=context.job, stage=context.stage, batch_id=batch_id, rows=0,
-                                        run_id=context.run_id))
-            return True
+            held.session.merge(SinkLedger(job=context.job, stage=context.stage, batch_id=batch_id, rows=0,
+                               run_id=context.run_id))
 
-    delivered = patiently(once, f"job {context.job} stage {context.stage} batch {batch_id}: the registry")
-    if not delivered:
-        run_without_writing(batch)
-    return delivered
+    patiently(once, f"job {context.job} stage {context.stage} batch {batch_id}: the registry")
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from changeover.errors import ChangeoverError
+from changeover.handoff import fence
 from changeover.names import check_name
 from changeover.registry.db import engine_for, patiently
 from changeover.registry.models import SinkLedger
-from changeover.runtime import fence
 from changeover.runtime.sinks.base import Sink, WriteContext, run_without_writing
 
 OWNER, BATCH, RUN, PART, ATTEMPT = "_co_owner", "_co_batch", "_co_run", "_co_part", "_co_attempt"
@@ -336,14 +336,16 @@ class KeyedTable(Sink):
             return connection.scalar(sa.select(sa.func.max(ledger.batch_id)).where(
                 ledger.job == context.job, ledger.stage == context.stage))
 
-    def written_by_others(self, context: WriteContext) -> int | None:
-        if self.url == context.registry_url or not sa.inspect(engine_for(self.url)).has_table(
-                SinkLedger.__tablename__):
+    def written_by(self, context: WriteContext) -> bool | None:
+        if self.url == context.registry_url:
             return None  # in the registry's database, the fence's record commits with the merge
+        if not sa.inspect(engine_for(self.url)).has_table(SinkLedger.__tablename__):
+            return False
         ledger = SinkLedger.__table__.c
         with engine_for(self.url).connect() as connection:
-            return connection.scalar(sa.select(sa.func.max(ledger.batch_id)).where(
-                ledger.job == context.job, ledger.stage == context.stage, ledger.run_id != context.run_id))
+            return connection.scalar(sa.select(ledger.batch_id).where(
+                ledger.job == context.job, ledger.stage == context.stage, ledger.run_id == context.run_id
+            ).limit(1)) is not None
 
     def rewind(self, context: WriteContext, batch: int | None, saved: Path | None) -> str:
         tables = self.tables()

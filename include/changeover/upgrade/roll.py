@@ -14,13 +14,14 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, drain, maintenance, upgrade, upgrades
+from changeover import audit
 from changeover.cluster import Membership
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Member, UpgradeRun, utcnow
 from changeover.settings import Settings
-from changeover.windows import DrainWindow, may_start_drain
+from changeover.upgrade import drain, maintenance, member_upgrade, upgrades
+from changeover.upgrade.windows import DrainWindow, may_start_drain
 
 PENDING, DRAINING, UPGRADED, SKIPPED = "PENDING", "DRAINING", "UPGRADED", "SKIPPED"
 
@@ -101,7 +102,7 @@ def step(
                                   "this task to retry")
         if not plan.done:
             return _status(settings, upgrade_key, member, plan)
-        upgrade.upgrade_member(settings, cluster, member, target)
+        member_upgrade.upgrade_member(settings, cluster, member, target)
         _upgraded(settings, upgrade_key, member, target)
     return _status(settings, upgrade_key, None, None)
 
@@ -152,5 +153,5 @@ def _set_phase(settings: Settings, key: str, member: str, phase: str, reason: st
         if reason:
             progress["reasons"] = {**progress.get("reasons", {}), member: reason}
         run.progress = progress  # a new dict, so the JSON column is written
-        audit.record(s, f"upgrade.member.{phase.lower()}", "member", member, upgrade=key, before=before,
+        audit.record(s, f"member_upgrade.member.{phase.lower()}", "member", member, upgrade=key, before=before,
                      **({"reason": reason} if reason else {}))

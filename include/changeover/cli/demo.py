@@ -12,15 +12,18 @@ from jobs import clicks
 from rich.console import Console
 from sqlalchemy import select
 
-from changeover import jobs, local_airflow, moves, verify
+from changeover import jobs
+from changeover.cli import local_airflow
+from changeover.cli.generator import Generator
 from changeover.cluster import Membership, membership_for, wait_for
-from changeover.generator import Generator
+from changeover.cluster.runtimes import find_runtime, java_home
+from changeover.jobs import moves
 from changeover.registry.db import forget_engines, session_scope
 from changeover.registry.models import Event, JobRun
 from changeover.registry.schema import migrate
-from changeover.runtimes import find_runtime, java_home
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
+from changeover.upgrade import verify
 
 FROM_VERSION, TO_VERSION = "4.2.0", "4.3.0"
 MEMBERS = ["m1", "m2", "m3"]

@@ -192,7 +192,8 @@ def decide(url: str, job: str, run_id: int) -> Decision:
         successor = s.get(JobRun, row.current_run_id) if row.current_run_id not in (None, run_id) else None
         seen = None if successor is None else Successor(
             successor.id, successor.state,
-            bool(successor.first_write_at or successor.first_commit_at) or _sinks_show_another(url, job, run),
+            bool(successor.first_write_at or successor.first_commit_at)
+            or _sinks_hold_a_write_of(url, job, run, successor.id),
             successor.ended_at is not None, successor.claimed_at is not None,
             _starting(successor, run, length_of(row), now))
         verdict = decide_parked(Parked(
@@ -230,15 +231,11 @@ def _starting(successor: JobRun | None, run: JobRun, length: float, now: Any) ->
     return fresh and now < cap
 
 
-def _sinks_show_another(url: str, job: str, run: JobRun) -> bool:
-    """Whether a sink's own store holds a batch past this run's progress written by another run: what the sink
-    has written is the truth, and the registry's record of it commits apart for a sink in another database."""
-    for stage, description in (run.sinks or {}).items():
-        written = from_description(description, url).written_by_others(WriteContext(url, job, stage, run.id))
-        own = (run.progress or {}).get(stage)
-        if written is not None and (own is None or written > own):
-            return True
-    return False
+def _sinks_hold_a_write_of(url: str, job: str, parked: JobRun, successor: int) -> bool:
+    """Whether a sink's own store holds a batch the successor wrote: what the sink has written is the truth, and
+    the registry's record of it commits apart for a sink in another database."""
+    return any(from_description(description, url).written_by(WriteContext(url, job, stage, successor))
+               for stage, description in (parked.sinks or {}).items())
 
 
 def _taken_over_since(s: Any, job: str, run_id: int) -> bool:

@@ -1,9 +1,5 @@
-"""Membership: the masters (one per version group) and workers (one per member) of a Spark cluster.
-
-`LocalCluster` starts them on loopback from the per-version runtimes. A remote standalone cluster
-can implement the same `Membership` protocol: everything outside this module talks to the protocol, and
-`membership_for` is the one place that chooses the backend.
-"""
+"""`LocalCluster`: masters (one per version group) and workers (one per member) started on loopback from the
+per-version runtimes, as processes of Changeover's own."""
 
 from __future__ import annotations
 
@@ -11,21 +7,23 @@ import functools
 import os
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 from sqlalchemy import select
 
-from changeover import audit, processes, rest_auth
+from changeover import audit
+from changeover.cluster import processes, rest_auth
+from changeover.cluster.membership import NoMaster, get_member, wait_for
+from changeover.cluster.ports import free_port, require_free
+from changeover.cluster.runtimes import Runtime, find_runtime, java_home
+from changeover.cluster.spark_master import SparkMaster
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
-from changeover.ports import free_port, require_free
 from changeover.private_file import write_private
 from changeover.registry.db import session_scope
 from changeover.registry.models import Master, Member
-from changeover.runtimes import Runtime, find_runtime, java_home
 from changeover.settings import Settings
-from changeover.spark_master import SparkMaster
 
 WORKER_CORES = 4  # more than the machine has: drivers and executors of several jobs share workers
 WORKER_MEMORY = "4g"
@@ -36,68 +34,6 @@ IDLE_STOP_GRACE = 0.0  # a drained worker runs nothing of ours: no reason to wai
 # JVM spark-class starts first gets the same. Drivers and executors get their options from their submission.
 DAEMON_JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 WORKER_TIMEOUT = 30  # s without heartbeats before a master declares a worker lost (Spark's default: 60)
-
-
-class NoMaster(ChangeoverError):
-    """No master runs for a version group: its drivers and workers went with it."""
-
-
-class Membership(Protocol):
-    """Every verb the control plane, the operators and the CLI use on a cluster; `membership_for` gives one."""
-
-    settings: Settings
-
-    def master(self, version: str) -> SparkMaster: ...
-    def status(self) -> dict[str, Any]: ...
-    def up(self, specs: list[tuple[str, str]], master_port: int | None = None) -> None: ...
-    def down(self) -> list[str]: ...
-    def ensure_master(self, version: str, port: int | None = None) -> Master: ...
-    def stop_master_if_empty(self, version: str) -> bool: ...
-    def stop_empty_masters(self) -> list[str]: ...
-    def start_worker(self, member: str, version: str) -> None: ...
-    def stop_worker(self, member: str, grace: float = ...) -> None: ...
-    def executors_on(self, member: str) -> int: ...
-    def decommission(self, member: str) -> None: ...
-    def is_decommissioned(self, member: str) -> bool: ...
-
-
-def membership_for(settings: Settings) -> Membership:
-    """The cluster the settings describe (an Airflow connection's, through the hook, or the CLI's environment).
-    The one place a backend is chosen: today the loopback cluster Changeover runs itself."""
-    return LocalCluster(settings)
-
-
-def get_member(s: Any, name: str) -> Member:
-    """A member's registry row, or a refusal that names the members there are."""
-    row = s.get(Member, name)
-    if row is None:
-        known = ", ".join(s.scalars(select(Member.name).order_by(Member.name))) or "none"
-        raise ChangeoverError(f"member {name!r}", f"no such member (known: {known})",
-                              "use a name from `changeover cluster status`")
-    return row
-
-
-RETRYABLE: tuple[type[Exception], ...] = (ChangeoverError, httpx.HTTPError, KeyError, ValueError)
-
-
-def wait_for(
-    condition: Callable[[], bool],
-    timeout: float,
-    what: str,
-    interval: float = 0.5,
-    retryable: tuple[type[Exception], ...] = RETRYABLE,
-    fix: str = "look at the logs under the cluster folder",
-) -> None:
-    """Poll until the condition holds; errors of the retryable kinds count as "not yet"."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except retryable:
-            pass
-        time.sleep(interval)
-    raise ChangeoverError(what, f"it did not happen within {timeout:.0f} s", fix)
 
 
 class LocalCluster:
@@ -359,12 +295,3 @@ class LocalCluster:
             processes.stop_group(started.pid, started.start_ticks)
             (self.pid_dir / f"{name}.pid").unlink(missing_ok=True)
             raise
-
-
-def member_for_host(settings: Settings, host: str | None) -> str | None:
-    if host is None:
-        return None
-    with session_scope(settings.database_url) as s:
-        return s.scalar(select(Member.name).where(Member.host == host))
-
-

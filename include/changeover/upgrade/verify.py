@@ -8,14 +8,15 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, jobs, placement, processes, roll, routing, upgrades, warm
-from changeover.cluster import Membership
+from changeover import audit, jobs
+from changeover.cluster import Membership, processes
+from changeover.cluster.runtimes import check_version, find_runtime, java_home
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Master, Member, Savepoint, UpgradeRun
-from changeover.runtimes import check_version, find_runtime, java_home
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
+from changeover.upgrade import placement, roll, routing, upgrades, warm
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from changeover import rest_auth
+from changeover.cluster import rest_auth
 from changeover.errors import ChangeoverError
 
 

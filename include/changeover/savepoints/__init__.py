@@ -28,15 +28,17 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
-from changeover import audit, checkpoints, faults, processes
-from changeover import lease as job_lease
-from changeover.digests import DigestCache
+from changeover import audit, faults
+from changeover.cluster import processes
 from changeover.errors import ChangeoverError
-from changeover.job_records import LIVE, current_run, get_job, new_checkpoint_root
+from changeover.handoff import lease as job_lease
 from changeover.names import check_name, is_safe
 from changeover.registry.db import session_scope
 from changeover.registry.models import Savepoint, UpgradeRun, utcnow
+from changeover.registry.records import LIVE, current_run, get_job
+from changeover.runtime import checkpoints
 from changeover.runtime.sinks import Sink, WriteContext, from_description
+from changeover.savepoints.digests import DigestCache
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 
@@ -435,7 +437,7 @@ def restore(
     if (source_job or job_name) == job_name:  # a copy into another job starts its own sinks' ledgers
         _align_sinks(settings, job_name, name, path, {rename.get(st, st): info for st, info in stages.items()},
                      rewind_sink, accept_duplicates)
-    root = new_checkpoint_root(settings, job_name)
+    root = checkpoints.new_checkpoint_root(settings, job_name)
     link = checkpoints.same_filesystem(path, root.parent)
     for relative in manifest["files"]:
         parts = Path(relative).parts
@@ -467,10 +469,11 @@ def _align_sinks(settings: Settings, job: str, name: str, path: Path, stages: di
         declared, context = found
         written = declared.progress(context)
         duplicates = declared.guarantee == "at-least-once"
-        # Batches the savepoint holds offsets for are replayed with the same offsets: every sink recognises such a
-        # replay in its ledger (a foreachBatch function is not called again for a batch on record), so a move
-        # whose stop caught the next batch begun goes on. A rewind asked for (a rollback to other code) takes them
-        # back too, so the replay writes them from the code now resumed.
+        # Batches the savepoint holds offsets for are replayed with the same offsets: a sink that recognises a
+        # replay may have them, and an at-least-once one gets that one batch again, which is its declared
+        # guarantee (before, a move whose stop caught the next batch begun was refused on every try until its
+        # lease ran out). A rewind asked for (a rollback to other code) takes them back too, so the replay writes
+        # them from the code now resumed.
         replayed = info.get("replay_through") or -1
         limit = info["batch"] if rewind else max(info["batch"], replayed)
         if written is None or written <= limit:

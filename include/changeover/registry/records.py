@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import secrets
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
 from changeover.errors import ChangeoverError
-from changeover.registry.models import Job, JobRun, utcnow
-from changeover.settings import Settings
+from changeover.registry.models import Job, JobRun
 
 LIVE = ("SUBMITTED", "RUNNING")
 STANDBY = "STANDBY"  # a warm successor waiting for its checkpoint: alive, but not the job's current run
@@ -26,10 +23,3 @@ def get_job(s: Any, name: str) -> Job:
 
 def current_run(s: Any, job: Job) -> JobRun | None:
     return s.get(JobRun, job.current_run_id) if job.current_run_id else None
-
-
-def new_checkpoint_root(settings: Settings, job: str) -> Path:
-    """A folder no other run ever had: time-ordered, with a random part, created here so it cannot be reused."""
-    root = settings.checkpoint_dir / job / f"{utcnow():%Y%m%dT%H%M%S%f}-{secrets.token_hex(4)}"
-    root.mkdir(parents=True)
-    return root

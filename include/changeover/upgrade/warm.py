@@ -8,7 +8,7 @@ a cold move, and the restored checkpoint is handed to the standby, which starts 
 
 Nothing is lost either way. A standby not ready in time is dismissed before the job is ever stopped, and the move
 goes cold. A standby that fails after the handoff, before its first batch is done, hands the job back to the parked
-run, at the batch of the savepoint (`changeover.lease`; a sink that cannot be fenced is claimed first, so the parked
+run, at the batch of the savepoint (`handoff.lease`; a sink that cannot be fenced is claimed first, so the parked
 run waits for that batch rather than write beside it).
 """
 
@@ -21,13 +21,15 @@ from typing import Literal
 
 from sqlalchemy import select
 
-from changeover import audit, jobs, lease, placement, routing
+from changeover import audit, jobs
 from changeover.cluster import Membership
 from changeover.errors import ChangeoverError
+from changeover.handoff import lease
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
+from changeover.upgrade import placement, routing
 
 READY_SECONDS = lease.STANDBY_READY_SECONDS
 PARK_POLL_SECONDS = 0.05

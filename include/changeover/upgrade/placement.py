@@ -15,13 +15,13 @@ from itertools import pairwise
 
 from sqlalchemy import select
 
-from changeover import routing
 from changeover.cluster import Membership
 from changeover.errors import ChangeoverError
 from changeover.jobs import LIVE
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Member, UpgradeRun
 from changeover.settings import Settings
+from changeover.upgrade import routing
 
 CORES_PER_JOB = 2  # a moved job needs room for its driver and one executor, or it waits queued at the master
 

@@ -21,9 +21,13 @@ import errno
 import json
 import os
 import re
+import secrets
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from changeover.registry.models import utcnow
+from changeover.settings import Settings
 
 _LEADING_NUMBER = re.compile(r"^\.?(\d+)")
 _CROSS_DEVICE = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP}
@@ -202,3 +206,10 @@ def source_offsets(stage_checkpoint: Path, batch: int) -> list[object]:
         return []
     lines = path.read_text().splitlines()[2:]
     return [json.loads(line) if line.startswith(("{", "[")) else line for line in lines]
+
+
+def new_checkpoint_root(settings: Settings, job: str) -> Path:
+    """A folder no other run ever had: time-ordered, with a random part, created here so it cannot be reused."""
+    root = settings.checkpoint_dir / job / f"{utcnow():%Y%m%dT%H%M%S%f}-{secrets.token_hex(4)}"
+    root.mkdir(parents=True)
+    return root

@@ -13,12 +13,13 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit, drain, jobs, relocate, upgrades, verify
+from changeover import audit, jobs
 from changeover.cluster import Membership, get_member
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, Savepoint, UpgradeRun
 from changeover.settings import Settings
+from changeover.upgrade import drain, relocate, upgrades, verify
 
 log = logging.getLogger(__name__)
 STUCK = ("DRAINING", "DRAINED", "UPGRADING")

@@ -15,15 +15,16 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy.engine import make_url
 
-from changeover import audit, drain, jobs, maintenance, recovery, savepoints, upgrade, upgrades
+from changeover import audit, jobs, savepoints
 from changeover.cluster import membership_for
+from changeover.cluster.runtimes import SUPPORTED_VERSIONS, install_runtime, installed_versions
 from changeover.errors import ChangeoverError
+from changeover.jobs.spark_settings import SparkSettings
 from changeover.names import check_name
 from changeover.registry.schema import migrate, require_current
-from changeover.runtimes import SUPPORTED_VERSIONS, install_runtime, installed_versions
 from changeover.settings import Settings
-from changeover.spark_settings import SparkSettings
 from changeover.timeutil import as_utc
+from changeover.upgrade import drain, maintenance, member_upgrade, recovery, upgrades
 
 app = typer.Typer(help="Upgrade running PySpark jobs without losing their state.", no_args_is_help=True)
 cluster_app = typer.Typer(help="Start, stop and inspect the local Spark cluster.", no_args_is_help=True)
@@ -301,7 +302,7 @@ def drain_member(member: str, timeout: Annotated[float, typer.Option(help="Secon
 def upgrade_member(member: str, to: Annotated[str, typer.Option("--to", help="Target Spark version.")]) -> None:
     """Restart a drained member on another Spark version."""
     settings = _settings()
-    old = upgrade.upgrade_member(settings, membership_for(settings), member, to)
+    old = member_upgrade.upgrade_member(settings, membership_for(settings), member, to)
     out.print(f"member {member}: {old} -> {to}")
 
 
@@ -406,7 +407,7 @@ def demo(
     keep_airflow: Annotated[bool, typer.Option("--keep-airflow", help="Leave Airflow running afterwards.")] = False,
 ) -> None:
     """Roll a live stateful job through a rolling Spark upgrade, triggered in a real Airflow as the UI does."""
-    from changeover.demo import run_demo
+    from changeover.cli.demo import run_demo
 
     raise typer.Exit(run_demo(keep_airflow))
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from changeover import audit, jobs, relocate, routing
+from changeover import audit, jobs
 from changeover.cluster import IDLE_STOP_GRACE, STOP_GRACE, Membership, get_member
+from changeover.cluster.runtimes import check_version, find_runtime
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import STOPPING, Job
-from changeover.runtimes import check_version, find_runtime
 from changeover.settings import Settings
+from changeover.upgrade import relocate, routing
 
 
 def upgrade_member(settings: Settings, cluster: Membership, member: str, version: str) -> str:

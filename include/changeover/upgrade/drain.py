@@ -16,13 +16,14 @@ from typing import Any
 
 from sqlalchemy import func, or_, select
 
-from changeover import audit, faults, jobs, placement, relocate, warm
+from changeover import audit, faults, jobs
 from changeover.cluster import Membership, get_member
 from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.registry.db import lock_all, session_scope
 from changeover.registry.models import STOPPING, Event, Job, JobRun, Member, utcnow
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
+from changeover.upgrade import placement, relocate, warm
 
 BUSY = ("DRAINING", "DRAINED", "UPGRADING")
 

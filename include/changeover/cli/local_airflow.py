@@ -19,10 +19,9 @@ from typing import Any
 
 import httpx
 
-from changeover import processes
-from changeover.cluster import wait_for
+from changeover.cluster import processes, wait_for
+from changeover.cluster.ports import free_port
 from changeover.errors import ChangeoverError
-from changeover.ports import free_port
 from changeover.settings import CHECKOUT, Settings
 
 AIRFLOW = Path(sys.executable).parent / "airflow"

@@ -30,7 +30,7 @@ class Held:
 
 @contextmanager
 def hold(url: str, job: str, run_id: int, stage: str, batch_id: int) -> Iterator[Held]:
-    """A registry transaction holding the job row's lock, entered only by the job's current run."""
+    """A registry transaction holding the job row's lock, entered only by the job's current run, live."""
     try:
         with session_scope(url) as s:
             row = lock_row(s, Job, job)
@@ -39,6 +39,10 @@ def hold(url: str, job: str, run_id: int, stage: str, batch_id: int) -> Iterator
                              f"run {row.current_run_id if row else None} is the job's current run now",
                              "nothing to do: this run was superseded and stops; the current run writes instead")
             run = s.get(JobRun, run_id)
+            if run is not None and run.ended_at is not None:
+                raise Fenced(f"write of batch {batch_id} of stage {stage} of job {job} by run {run_id}",
+                             f"the run is recorded as ended ({run.state}): the control plane declared it lost",
+                             "nothing to do: this run stops; the job goes on from its checkpoint under a new run")
             if run is not None and run.first_write_at is None:
                 run.first_write_at = utcnow()
             # a run made current before epochs were kept wrote with its id, which the migration made its epoch

@@ -9,13 +9,16 @@ from datetime import datetime
 
 from sqlalchemy import or_, select
 
-from changeover import audit, jobs, lease, savepoints, warm
+from changeover import audit, jobs, savepoints
 from changeover.cluster import Membership
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
+from changeover.handoff import lease
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member
+from changeover.runtime import checkpoints
 from changeover.settings import Settings
+from changeover.upgrade import warm
 
 
 def step(
@@ -73,7 +76,7 @@ def step(
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
         _dismiss_standby(settings, membership, run.id, "its run was killed before the hand-over; the job goes on "
                          "from its checkpoint, cold")
-        root = jobs.new_checkpoint_root(settings, job_name)
+        root = checkpoints.new_checkpoint_root(settings, job_name)
         moving = desired == "MOVE"  # the launch refuses if someone stopped the move, or the run, meanwhile
         jobs.launch(settings, membership, job_name, target_version, root, copy_from=run,
                     continues_move=run.id if moving else None, continues_run=None if moving else run.id)

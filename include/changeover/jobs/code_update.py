@@ -9,17 +9,18 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from changeover import audit, jobs, routing, savepoints
+from changeover import audit, jobs, savepoints
 from changeover.cluster import Membership, wait_for
 from changeover.compat.checker import Report
 from changeover.compat.static_check import check_code
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
+from changeover.jobs.shipping import JobCode, store_job_code
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Savepoint, utcnow
 from changeover.settings import Settings
-from changeover.shipping import JobCode, store_job_code
 from changeover.timeutil import as_utc
+from changeover.upgrade import routing
 
 Code = str | dict[str, str]  # new code to ship (a path or module), or code already shipped (current_code)
 

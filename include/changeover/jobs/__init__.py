@@ -9,21 +9,24 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from changeover import audit, checkpoints, faults, lease, routing
+from changeover import audit, faults
 from changeover.cluster import Membership, NoMaster, wait_for
+from changeover.cluster.runtimes import find_runtime
+from changeover.cluster.spark_master import DriverStatus, MasterUnreachable
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
-from changeover.job_records import LIVE, STANDBY, current_run, get_job, new_checkpoint_root
+from changeover.handoff import lease
+from changeover.jobs.shipping import runtime_artifacts, store_job_code
+from changeover.jobs.spark_settings import SparkSettings
 from changeover.names import check_name
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
-from changeover.runtimes import find_runtime
+from changeover.registry.records import LIVE, STANDBY, current_run, get_job
+from changeover.runtime import checkpoints
 from changeover.savepoints import get_savepoint, restore
 from changeover.settings import Settings
-from changeover.shipping import runtime_artifacts, store_job_code
-from changeover.spark_master import DriverStatus, MasterUnreachable
-from changeover.spark_settings import SparkSettings
 from changeover.timeutil import as_utc
+from changeover.upgrade import routing
 
 log = logging.getLogger(__name__)
 # ERROR is Spark's word for a driver whose worker was lost (or that could not be started): not the job's own
@@ -85,7 +88,7 @@ def submit(
         root = restore(settings, name, savepoint, source_job=source_job or name, rename=rename_stages,
                        rewind_sink=rewind_sink, accept_duplicates=accept_duplicates)
         return launch(settings, membership, name, version, root, from_savepoint, allow_non_restored_state)
-    root = new_checkpoint_root(settings, name)
+    root = checkpoints.new_checkpoint_root(settings, name)
     if continues is None or not continues.checkpoint_root or not Path(continues.checkpoint_root).is_dir():
         continues = None
     return launch(settings, membership, name, version, root, copy_from=continues)
@@ -191,7 +194,7 @@ def launch(
     copy_from: an ended run whose checkpoint this run goes on from, copied into `checkpoint_root` only once this run
     is the job's current one: a run declared dead whose driver still runs is fenced before the copy, so no batch it
     writes can fall between the copy and the hand-over (the successor would plan that batch id again).
-    standby_of: the live run this launch is a warm standby for (see `changeover.warm`): it starts its session and
+    standby_of: the live run this launch is a warm standby for (see `upgrade.warm`): it starts its session and
     its plans, and waits for its checkpoint, without becoming the job's current run; refused unless that run is
     still the job's current, running one and has no other standby.
     """
@@ -577,7 +580,7 @@ def continue_ended_on(settings: Settings, membership: Membership, member: str, s
             JobRun.ended_at >= since, JobRun.state.in_(("KILLED", "STOPPED")))))
     continued = []
     for run in ended:
-        root = new_checkpoint_root(settings, run.job)
+        root = checkpoints.new_checkpoint_root(settings, run.job)
         try:
             launch(settings, membership, run.job, run.spark_version, root, continues_run=run.id, copy_from=run)
         except ChangeoverError as exc:  # another launch went first, or its driver is not gone yet
