@@ -53,6 +53,10 @@ def test_an_empty_fleet_rolls_member_by_member_and_the_old_group_goes_away(fleet
     with session_scope(fleet.settings.database_url) as s:
         order = [e.subject for e in s.scalars(select(Event).where(Event.action == "member.upgrade").order_by(Event.id))]
     assert order == ["m1", "m2", "m3"]
+    with session_scope(fleet.settings.database_url) as s:
+        phases = [(e.subject, e.action) for e in s.scalars(select(Event).where(
+            Event.action.like("upgrade.member.%")).order_by(Event.id))]
+    assert phases == [(m, f"upgrade.member.{p}") for m in ("m1", "m2", "m3") for p in ("draining", "upgraded")]
     assert roll.step(fleet.settings, fleet, KEY).done  # a retried step changes nothing
     assert _versions(fleet.settings) == dict.fromkeys(("m1", "m2", "m3"), ("4.3.0", "ACTIVE"))
 

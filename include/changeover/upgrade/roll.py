@@ -153,5 +153,5 @@ def _set_phase(settings: Settings, key: str, member: str, phase: str, reason: st
         if reason:
             progress["reasons"] = {**progress.get("reasons", {}), member: reason}
         run.progress = progress  # a new dict, so the JSON column is written
-        audit.record(s, f"member_upgrade.member.{phase.lower()}", "member", member, upgrade=key, before=before,
+        audit.record(s, f"upgrade.member.{phase.lower()}", "member", member, upgrade=key, before=before,
                      **({"reason": reason} if reason else {}))
