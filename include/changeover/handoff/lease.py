@@ -198,7 +198,8 @@ def decide(url: str, job: str, run_id: int) -> Decision:
             _starting(successor, run, length_of(row), now))
         verdict = decide_parked(Parked(
             ended=run.ended_at is not None, desired=row.desired, current=row.current_run_id == run_id,
-            taken_over_since=_taken_over_since(s, job, run_id),
+            # read only when it can decide: an ended or stopped run exits whatever it says
+            taken_over_since=run.ended_at is None and row.desired != "STOP" and _taken_over_since(s, job, run_id),
             expired=run.lease_until is not None and now >= as_utc(run.lease_until), successor=seen))
         if verdict.decision == "exit":
             run.ended_at, run.lease_until = run.ended_at or now, None

@@ -60,9 +60,6 @@ class StageQueries:
             self.queries.pop(name).stop()
         return stopped
 
-    def running(self) -> list[str]:
-        return list(self.queries)
-
     def at_boundary(self, name: str, before: int | None) -> bool:
         """Whether stopping this query now cuts no batch: no trigger active; or the batch that was running has
         committed; or the trigger is only planning (listing files, no offsets written beyond the last commit)."""
