@@ -36,6 +36,26 @@ class Server:
     def stop(self, mode: str = "fast") -> None:
         self.ctl("-m", mode, "stop")
 
+    def require_a_password(self) -> None:
+        """A rotated secret, as the clients see it: the role now has a password, TCP clients must give it, and the
+        connections already open are ended (as a failover would end them). Local socket connections stay trusted, for
+        this helper."""
+        hba = self.data / "pg_hba.conf"
+        (self.data / "pg_hba.conf.trusting").write_text(hba.read_text())
+        hba.write_text("local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n")
+        self.sql("ALTER ROLE changeover PASSWORD 'rotated'")
+        self.ctl("reload")
+        self.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                 "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
+
+    def trust_again(self) -> None:
+        (self.data / "pg_hba.conf").write_text((self.data / "pg_hba.conf.trusting").read_text())
+        self.ctl("reload")
+
+    def sql(self, statement: str) -> None:
+        self._run("psql", "-h", str(self.data.parent), "-p", str(self.port), "-U", "changeover", "-d", "postgres",
+                  "-v", "ON_ERROR_STOP=1", "-c", statement)
+
     def pid(self) -> int | None:
         pidfile = self.data / "postmaster.pid"
         return int(pidfile.read_text().split()[0]) if pidfile.exists() else None

@@ -4,7 +4,9 @@ Two kinds, both reached only in a process whose environment enables them (a test
 test started with it):
 - `point`: a test arms it by creating `<home>/faults/<point>`; the first process to reach it removes the
   file and raises, as a failed try would, or, armed with kill=True, SIGKILLs itself, as an OOM kill or a
-  lost host would end a task. Each firing is appended to `<home>/faults/fired.log`.
+  lost host would end a task, or, armed with hold=True, waits there until the test `release`s it (so the
+  test can act, e.g. stop a database, at exactly that point), or, armed with delay=N, goes on N s later.
+  Each firing is appended to `<home>/faults/fired.log`. A driver's point may be armed for one Spark version.
 - `crash`: CHANGEOVER_CRASH_AT=<point> kills the process there with SIGKILL, as `kill -9` would.
 Outside tests neither looks at a file or a variable beyond the one switch.
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 from changeover.settings import Settings
@@ -28,32 +32,69 @@ def enabled() -> bool:
     return os.environ.get(SWITCH) == "1"
 
 
-def arm(settings: Settings, point: str, kill: bool = False) -> Path:
+HOLD_LIMIT_SECONDS = 600.0  # a held process whose test died goes on by itself
+
+
+def env() -> dict[str, str]:
+    """For a child process (a driver): the switch, passed on where it is set."""
+    return {SWITCH: "1"} if enabled() else {}
+
+
+def arm(settings: Settings, point: str, kill: bool = False, hold: bool = False, delay: float | None = None) -> Path:
     marker = settings.home / "faults" / point
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text("kill" if kill else "raise")
+    marker.with_name(f"{point}.release").unlink(missing_ok=True)
+    marker.write_text("kill" if kill else "hold" if hold else f"delay {delay}" if delay is not None else "raise")
     return marker
 
 
+def release(settings: Settings, point: str) -> None:
+    """Let a process held at `point` go on."""
+    (settings.home / "faults" / f"{point}.release").touch()
+
+
 def fired(settings: Settings) -> list[str]:
-    """The firings so far, one line each: `<point> <raise|kill> pid <pid>`."""
+    """The firings so far, one line each: `<point> <raise|kill|hold|delay N> pid <pid>`."""
     log = settings.home / "faults" / "fired.log"
     return log.read_text().splitlines() if log.exists() else []
 
 
 def point(settings: Settings, name: str) -> None:
-    if not enabled():
-        return
-    marker = settings.home / "faults" / name
+    if enabled():
+        _reach(settings.home, name)
+
+
+def reached_in_driver(name: str) -> None:
+    """A point in a driver, whose home its environment names; armed as `<name>` or `<name>.<its Spark version>`."""
+    home = os.environ.get("CHANGEOVER_HOME")
+    if enabled() and home:
+        import pyspark  # only a driver reaches here, and it has its runtime's pyspark loaded
+
+        _reach(Path(home), f"{name}.{pyspark.__version__}")
+        _reach(Path(home), name)
+
+
+def _reach(home: Path, name: str) -> None:
+    marker = home / "faults" / name
+    taken = marker.with_name(f".{name}.{os.getpid()}.{threading.get_ident()}")
     try:
-        how = marker.read_text().strip() or "raise"
-        marker.unlink()
+        marker.rename(taken)  # atomic: of the threads and processes that reach it, one fires it
     except FileNotFoundError:
-        return  # not armed, or another process fired it first
+        return  # not armed, or another one fired it first
+    how = taken.read_text().strip() or "raise"
+    taken.unlink()
     with open(marker.parent / "fired.log", "a") as log:
         log.write(f"{name} {how} pid {os.getpid()}\n")
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if how.startswith("delay "):
+        time.sleep(float(how.split()[1]))
+        return
+    if how == "hold":
+        released, deadline = marker.with_name(f"{name}.release"), time.monotonic() + HOLD_LIMIT_SECONDS
+        while not released.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return
     raise InjectedFault(f"fault injected at {name} (armed by {marker})")
 
 

@@ -378,3 +378,35 @@ def test_a_worker_lost_mid_drain_leaves_no_job_behind(settings: Settings, cluste
     member_upgrade.upgrade_member(settings, cluster, first.member, "4.3.0")
     with session_scope(settings.database_url) as s:
         assert s.get(Member, first.member).status == "ACTIVE"
+
+
+def test_a_savepoint_built_slower_than_the_lease_moves_the_job_once(settings: Settings, cluster: LocalCluster,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The savepoint's copy is held up past the parked run's 20 s lease (an injected delay of 35 s, as a large state or
+    a store on another filesystem would). Its builder renews that lease while it works, so the parked run waits for
+    its move instead of resuming, and parking again under a new savepoint at the next try."""
+    generator = Generator(settings.data_dir / "landing-slow-savepoint")
+    generator.write_file()
+    generator.start(interval=0.5)
+    jobs.submit(settings, cluster, "jobs.clicks", "slow_savepoint", options={"landing": str(generator.landing),
+                                                                             "lease_seconds": 20})
+    first = jobs.wait_until_committed(settings, cluster, "slow_savepoint")
+    assert first.member in ("a1", "a2")
+    monkeypatch.setenv(faults.SWITCH, "1")
+    faults.arm(settings, "savepoint.copying.stop", delay=35)
+    try:
+        _drain_until_done(settings, cluster, first.member, 400)
+        _moved_off(settings, cluster, "slow_savepoint", first)
+    finally:
+        generator.stop()
+    assert "savepoint.copying.stop delay 35" in [line.split(" pid ")[0] for line in faults.fired(settings)]
+    with session_scope(settings.database_url) as s:
+        runs = list(s.scalars(select(JobRun).where(JobRun.job == "slow_savepoint").order_by(JobRun.id)))
+        saved = s.scalar(select(func.count()).select_from(Savepoint).where(Savepoint.job == "slow_savepoint"))
+    assert len(runs) == 2 and saved == 1, [(r.id, r.state, r.error) for r in runs]  # one park, one savepoint
+    events = [e.action for e in audit.find(settings.database_url, job="slow_savepoint")]
+    assert events.count("job.lease.extend") >= 3  # at the build's start, then every third of the lease
+    assert "job.unpark" not in events  # the parked run never took the job back
+    _assert_exact(settings, "slow_savepoint", generator)
+    jobs.cancel(settings, cluster, "slow_savepoint", reason="test done")
+    member_upgrade.upgrade_member(settings, cluster, first.member, first.spark_version)

@@ -327,7 +327,8 @@ def _submission(settings: Settings, runtime: Any, master: Any, job_name: str, ve
         raise ChangeoverError(f"launch of job {job_name}", f"its code artifact {code} is missing",
                               "submit the job again under a new name, or restore the artifact store")
     package, entry_script = runtime_artifacts(settings)
-    env = {"PYSPARK_PYTHON": str(runtime.python), "CHANGEOVER_ACTOR": f"driver:{job_name}", **settings.as_env()}
+    env = {"PYSPARK_PYTHON": str(runtime.python), "CHANGEOVER_ACTOR": f"driver:{job_name}", **settings.as_env(),
+           **faults.env()}
     confs = {
         "spark.pyspark.python": str(runtime.python),
         "spark.decommission.enabled": "true",
@@ -429,7 +430,9 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
                         f"for {silent:.0f} s"
         if observed != "RUNNING" and run.parked:
             run.ended_at = utcnow()  # its driver is gone; the checkpoint still ends on a batch boundary
-            audit.record(s, "job.end", "job", run.job, run=run.id, state="STOPPED", driver=observed)
+            run.error = run.error or checkpoints.left_reason(run.checkpoint_root)  # a driver that gave up says why
+            audit.record(s, "job.end", "job", run.job, run=run.id, state="STOPPED", driver=observed,
+                         **({"reason": run.error} if run.error else {}))
         elif observed != "RUNNING" and run.state in (*LIVE, STANDBY):
             run.state, run.ended_at = observed, run.ended_at or utcnow()
             audit.record(s, "job.end", "job", run.job, run=run.id, state=observed,

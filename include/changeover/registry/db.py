@@ -39,7 +39,8 @@ def transient(exc: BaseException) -> bool:
     return any(word in text for word in _AWAY_WORDS)
 # What a database says that no waiting clears: a refused password or role, a missing database, a read-only one.
 _REFUSAL_SQLSTATES = ("28P01", "28000", "3D000", "25006", "42501")
-_REFUSAL_WORDS = ("password authentication failed", "does not exist", "unable to open database file",
+_REFUSAL_WORDS = ("password authentication failed", "no password supplied", "does not exist",
+                  "unable to open database file",
                   "readonly database", "read-only")
 
 

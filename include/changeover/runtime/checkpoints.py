@@ -140,6 +140,22 @@ def snapshot_pending(source: Path, target: Path, batch: int, prefix: str = "", *
     return stats
 
 
+GAVE_UP = ".gave-up"  # why a parked driver ended on its own: it could not tell the registry
+
+
+def leave_reason(root: Path, reason: str) -> None:
+    """Beside the checkpoint, on storage the control plane reads, for the `job.end` it records when the driver's
+    master reports it ended."""
+    (root / GAVE_UP).write_text(reason)
+
+
+def left_reason(root: str | Path | None) -> str | None:
+    try:
+        return (Path(root) / GAVE_UP).read_text().strip() or None if root else None
+    except OSError:
+        return None
+
+
 def same_filesystem(a: Path, b: Path) -> bool:
     a.mkdir(parents=True, exist_ok=True)
     b.mkdir(parents=True, exist_ok=True)

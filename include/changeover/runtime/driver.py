@@ -316,7 +316,7 @@ class Driver:
                 now = queries.committed()
                 self._patiently(partial(self.report, now, committed=now != seen))
                 seen = now
-                if state == "STOP" or not self._park(now):
+                if state == "STOP" or not self._park(now, checkpoint_root):
                     if state == "STOP":
                         self._patiently(partial(self.report, now, committed=False, state="STOPPED"))
                     return True
@@ -409,16 +409,16 @@ class Driver:
                         "--from-savepoint NAME --rewind-sink`")
         return None
 
-    def _park(self, progress: dict[str, int | None]) -> bool:
+    def _park(self, progress: dict[str, int | None], checkpoint_root: Path) -> bool:
         """Stopped at a batch boundary: wait, holding the lease, until handed off (False) or resumed (True)."""
         patiently(lambda: lease.park(self.url, self.job, self.run_id, progress, self.lease_seconds), self.registry)
         log.info("job %s run %s parked at %s for up to %.0f s", self.job, self.run_id, progress, self.lease_seconds)
-        while (decision := self._decide()) == "wait":
+        while (decision := self._decide(checkpoint_root)) == "wait":
             time.sleep(0.5)
         log.info("job %s run %s: %s", self.job, self.run_id, decision)
         return decision == "resume"
 
-    def _decide(self) -> lease.Decision:
+    def _decide(self, checkpoint_root: Path) -> lease.Decision:
         """The lease's decision; a registry that does not answer means wait, not fail: the run is parked on a
         clean boundary, and failing would leave it unresumable. It waits for the registry's patience at most, and not at
         all on a database that answered no for good (a refused password, a missing or read-only database): then the
@@ -429,8 +429,11 @@ class Driver:
             now = time.monotonic()
             self._unanswered_since = self._unanswered_since or now
             if refused(exc) or now - self._unanswered_since > db.REGISTRY_PATIENCE_SECONDS:
-                log.error("job %s run %s: parked, and %s answers no (%s); giving up the lease and ending",
-                          self.job, self.run_id, self.registry, str(exc).splitlines()[0])
+                reason = (f"parked, it gave up its lease and ended after {now - self._unanswered_since:.0f} s: the "
+                          f"registry {'refused it' if refused(exc) else 'did not answer'} "
+                          f"({str(exc.orig or exc).strip().splitlines()[0]})")
+                log.error("job %s run %s: %s", self.job, self.run_id, reason)
+                checkpoints.leave_reason(checkpoint_root, reason)
                 raise
             log.warning("%s: the database did not answer (%s); still parked", self.registry, exc)
             return "wait"

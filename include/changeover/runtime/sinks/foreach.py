@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import delete, func, select
 
+from changeover import faults
 from changeover.errors import ChangeoverError
 from changeover.handoff import fence
 from changeover.registry.db import patiently, session_scope
@@ -40,6 +41,7 @@ def deliver(function: BatchFunction, context: WriteContext, batch: Any, batch_id
     def once() -> None:
         with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as held:
             function(batch, batch_id, held.epoch) if takes_epoch else function(batch, batch_id)
+            faults.reached_in_driver("foreach.delivered")  # in the user's store, not yet recorded in the registry
             held.session.merge(SinkLedger(job=context.job, stage=context.stage, batch_id=batch_id, rows=0,
                                run_id=context.run_id))
 

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from changeover import faults
 from changeover.errors import ChangeoverError
 from changeover.handoff import fence
 from changeover.names import check_name
@@ -271,7 +272,9 @@ class KeyedTable(Sink):
             if self.url == context.registry_url:
                 return self._merge(held.session.connection(), tables, context, owner, batch_id, staged, held.epoch)
             with engine_for(self.url).begin() as connection:
-                return self._merge(connection, tables, context, owner, batch_id, staged, held.epoch)
+                merged = self._merge(connection, tables, context, owner, batch_id, staged, held.epoch)
+            faults.reached_in_driver("keyed_table.committed")  # in the sink's database, not yet in the registry
+            return merged
 
     def _written(self, engine: Engine, tables: _Tables, context: WriteContext, batch_id: int) -> bool:
         ledger = tables.ledger.c

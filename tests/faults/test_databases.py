@@ -1,0 +1,329 @@
+"""Databases failing under a rolling upgrade, on one real two-member cluster. The registry's PostgreSQL, and the
+users' own PostgreSQL that a keyed table writes into, are servers of the test's own (initdb and pg_ctl on free
+ports), so stopping them touches nothing else on the machine.
+
+- The registry restarted mid-move: the drivers wait for it (their registry calls and their sinks' writes retry), the
+  roll's try that meets it fails and its retry goes on, as an Airflow retry would.
+- A keyed table in the users' database, apart from the registry: the new version's driver SIGKILLed right after its
+  sink committed and before the registry heard of it, and, in a second case, the registry stopped at that point.
+
+Each job ends exact against ground truth, with one move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+from changeover import audit, faults, jobs, savepoints
+from changeover.cli.generator import Generator
+from changeover.cluster import LocalCluster, wait_for
+from changeover.registry.db import TRANSIENT, forget_engines, session_scope
+from changeover.registry.models import JobRun, Member, Savepoint, SinkLedger
+from changeover.registry.schema import migrate
+from changeover.settings import Settings
+from changeover.upgrade import drain, member_upgrade, relocate, roll, upgrades, verify
+from jobs import click_audit, clicks
+from pg_server import Server, own_server
+from sqlalchemy import func, select
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with own_server() as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def users_server() -> Iterator[Server]:
+    """The users' own database, where their keyed tables live: not the registry's."""
+    with own_server() as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def live(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, LocalCluster]]:
+    migrate(server.url)
+    settings = Settings.from_env(home=tmp_path_factory.mktemp("registry-restart") / "home", database_url=server.url)
+    cluster = LocalCluster(settings)
+    try:
+        cluster.up([("r1", "4.2.0"), ("r2", "4.2.0")])
+        yield settings, cluster
+    finally:
+        cluster.down()
+        forget_engines()
+    home = str(settings.home)
+    left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+            if any(home in part for part in p.info["cmdline"] or [])]
+    assert left == [], f"processes left behind: {left}"
+
+
+def _members_at(settings: Settings, cluster: LocalCluster, version: str) -> None:
+    """Both members back at `version` for the next case: each is empty, so its drain is done at once."""
+    for member in ("r1", "r2"):
+        with session_scope(settings.database_url) as s:
+            row = s.get(Member, member)
+            assert row is not None
+            at = (row.version, row.status)
+        if at != (version, "ACTIVE"):
+            wait_for(lambda m=member: drain.step(settings, cluster, m, 30).done, 120, f"the drain of {member}",
+                     interval=1.0, retryable=())
+            member_upgrade.upgrade_member(settings, cluster, member, version)
+
+
+def _roll_job_to_430(settings: Settings, cluster: LocalCluster, job: str, key: str,
+                     while_moving: Callable[[], None] | None = None) -> None:
+    """The job's member last, so its move goes to 4.3.0; `while_moving` is called between roll steps."""
+    first = jobs.wait_until_committed(settings, cluster, job)
+    other = next(m for m in ("r1", "r2") if m != first.member)
+    upgrades.begin(settings, key, "4.3.0", {other: "4.2.0", first.member: "4.2.0"})
+    roll.start(settings, key, [other, first.member], [job])  # as the preflight records the jobs running
+
+    def rolled() -> bool:
+        if while_moving is not None:
+            while_moving()
+        return roll.step(settings, cluster, key, 30).done
+
+    wait_for(rolled, 900, f"the roll of {key}", interval=2.0, retryable=TRANSIENT)
+
+
+def _exact_in_the_users_database(settings: Settings, cluster: LocalCluster, users: str, job: str,
+                                 generator: Generator) -> None:
+    generator.stop()
+    wait_for(lambda: clicks.results(users, job)[0] == dict(generator.truth), 300,
+             f"job {job} catching up with every generated file in the users' database")
+    with session_scope(users) as s:  # the sink's own ledger: each batch of each stage once, written by whom
+        ledger = s.execute(select(SinkLedger.stage, SinkLedger.batch_id, SinkLedger.run_id)
+                           .where(SinkLedger.job == job)).all()
+    assert len(ledger) == len({(stage, batch) for stage, batch, _run in ledger})
+    with session_scope(settings.database_url) as s:
+        runs = list(s.scalars(select(JobRun).where(JobRun.job == job).order_by(JobRun.id)))
+        saved = s.scalar(select(func.count()).select_from(Savepoint).where(Savepoint.job == job))
+    assert runs[0].spark_version == "4.2.0" and {r.spark_version for r in runs[1:]} == {"4.3.0"}
+    assert saved == 1  # one stop, one move: the parked run did not take the job back and move it again
+    jobs.cancel(settings, cluster, job, reason="test done")
+
+
+def test_a_successor_killed_between_its_commit_in_the_users_database_and_the_registry_loses_nothing(
+    users_server: Server, live: tuple[Settings, LocalCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its batch is in the users' table and ledger, and nowhere in the registry. The parked run reads the sink's
+    ledger, sees that its successor wrote, and leaves the job to it (it does not take the job back and plan that
+    batch id again with other offsets). The upgrade's verification names the job as down, with what to do; the
+    submit it says continues the job from the successor's checkpoint, which replays that batch with the same
+    offsets, and the sink's ledger skips it."""
+    settings, cluster = live
+    _members_at(settings, cluster, "4.2.0")
+    monkeypatch.setenv(faults.SWITCH, "1")  # the drivers launched from here get it too
+    generator = Generator(settings.data_dir / "landing-killed")
+    generator.write_file()
+    generator.start(interval=0.5)
+    try:
+        jobs.submit(settings, cluster, "jobs.clicks", "killed_after_commit",
+                    options={"landing": str(generator.landing), "lease_seconds": 60, "sink_url": users_server.url})
+        faults.arm(settings, "keyed_table.committed.4.3.0", kill=True)
+        _roll_job_to_430(settings, cluster, "killed_after_commit", "elsewhere/1")
+        assert [line.split(" pid ")[0] for line in faults.fired(settings)] == ["keyed_table.committed.4.3.0 kill"]
+        down = verify.jobs_left_down(settings, cluster, "elsewhere/1")
+        assert len(down) == 1 and down[0].startswith("job killed_after_commit is down: its run ") \
+            and "on Spark 4.3.0 ended KILLED" in down[0], down
+        upgrades.release(settings, "elsewhere/1", "FAILED", "its verification named a job down")
+        jobs.submit(settings, cluster, "jobs.clicks", "killed_after_commit")  # as the verification's error says
+        _exact_in_the_users_database(settings, cluster, users_server.url, "killed_after_commit", generator)
+    finally:
+        generator.stop()
+    with session_scope(settings.database_url) as s:
+        runs = list(s.scalars(select(JobRun).where(JobRun.job == "killed_after_commit").order_by(JobRun.id)))
+    assert [r.state for r in runs[:2]] == ["STOPPED", "KILLED"] and len(runs) == 3, [
+        (r.id, r.state, r.error) for r in runs]
+
+
+def test_the_registry_stopped_between_a_commit_in_the_users_database_and_its_record_loses_nothing(
+    server: Server, users_server: Server, live: tuple[Settings, LocalCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new version's driver is held right after its sink's commit while the registry is stopped; its registry
+    transaction is lost with the server. Once the registry is back, its retry finds the batch in the sink's ledger,
+    and the parked run, reading that ledger, leaves the job to it."""
+    settings, cluster = live
+    _members_at(settings, cluster, "4.2.0")
+    monkeypatch.setenv(faults.SWITCH, "1")
+    point = "keyed_table.committed.4.3.0"
+    generator = Generator(settings.data_dir / "landing-unrecorded")
+    generator.write_file()
+    generator.start(interval=0.5)
+    restarted: list[bool] = []
+
+    def registry_gone_at_the_point() -> None:
+        if not restarted and faults.fired(settings):
+            _restart_registry(settings, server, "unrecorded", held_at=point)
+            restarted.append(True)
+
+    try:
+        jobs.submit(settings, cluster, "jobs.clicks", "unrecorded",
+                    options={"landing": str(generator.landing), "lease_seconds": 60, "sink_url": users_server.url})
+        faults.arm(settings, point, hold=True)
+        _roll_job_to_430(settings, cluster, "unrecorded", "elsewhere/2", while_moving=registry_gone_at_the_point)
+        assert restarted
+        assert verify.jobs_left_down(settings, cluster, "elsewhere/2") == []
+        upgrades.release(settings, "elsewhere/2", "SUCCEEDED", "test")
+        _exact_in_the_users_database(settings, cluster, users_server.url, "unrecorded", generator)
+    finally:
+        faults.release(settings, point)
+        generator.stop()
+    with session_scope(settings.database_url) as s:
+        runs = list(s.scalars(select(JobRun).where(JobRun.job == "unrecorded").order_by(JobRun.id)))
+    assert len(runs) == 2 and runs[1].first_write_at is not None  # the successor went on: no continuation needed
+
+
+def _drivers_met_the_outage(settings: Settings, job: str | None = None) -> bool:
+    """A driver (of `job`, where given) has logged its wait for the registry (its Python's output lands in the driver
+    folder's stdout and stderr)."""
+    logs = [*settings.cluster_dir.rglob("stdout"), *settings.cluster_dir.rglob("stderr")]
+    return any("the database did not answer" in line and (job is None or f"job {job} " in line)
+               for log in logs if log.is_file() for line in log.read_text(errors="replace").splitlines())
+
+
+def _restart_registry(settings: Settings, server: Server, job: str, held_at: str | None = None) -> None:
+    """Stop the registry, let a driver held at fault point `held_at` go on into the outage, wait until a driver of
+    `job` has met it, and start the registry again."""
+    before = server.pid()
+    server.stop()
+    try:
+        if held_at is not None:
+            faults.release(settings, held_at)
+        wait_for(lambda: _drivers_met_the_outage(settings, job), 120, f"a driver of job {job} waiting for the registry")
+    finally:
+        server.start()
+    assert server.pid() != before
+
+
+def test_the_shipped_foreach_batch_example_goes_on_through_a_registry_restart_mid_batch(
+    server: Server, users_server: Server, live: tuple[Settings, LocalCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example's function has written a batch, its epoch row included, into the users' database; the registry
+    stops before it records the delivery, and the fence's transaction is lost with it. Once the registry is back the
+    batch is delivered again under the same epoch, which the example's own check accepts: the job goes on under the
+    same run, and its table is exact."""
+    settings, cluster = live
+    monkeypatch.setenv(faults.SWITCH, "1")
+    generator = Generator(settings.data_dir / "landing-audited")
+    generator.write_file()
+    generator.start(interval=0.5)
+    point = "foreach.delivered"
+    try:
+        first = jobs.submit(settings, cluster, "jobs.click_audit", "audited",
+                            options={"landing": str(generator.landing), "audit_url": users_server.url})
+        jobs.wait_until_committed(settings, cluster, "audited")
+        faults.arm(settings, point, hold=True)
+        wait_for(lambda: any(line.startswith(f"{point} hold") for line in faults.fired(settings)), 120,
+                 "a batch delivered and held before the registry records it")
+        _restart_registry(settings, server, "audited", held_at=point)
+    finally:
+        faults.release(settings, point)
+        generator.stop()
+    wait_for(lambda: click_audit.totals(users_server.url) == dict(generator.truth), 300,
+             "the example's table exact in the users' database")
+    run = jobs.refresh(settings, cluster, "audited")
+    assert run is not None and run.id == first.id and run.state == "RUNNING"  # never failed, never refused itself
+    jobs.cancel(settings, cluster, "audited", reason="test done")
+
+
+def test_the_registry_restarted_mid_move_loses_nothing_and_the_roll_goes_on(
+    server: Server, live: tuple[Settings, LocalCluster]
+) -> None:
+    settings, cluster = live
+    _members_at(settings, cluster, "4.2.0")
+    generator = Generator(settings.data_dir / "landing")
+    generator.write_file()
+    generator.start(interval=0.5)
+    try:
+        jobs.submit(settings, cluster, "jobs.clicks", "restarted",
+                    options={"landing": str(generator.landing), "lease_seconds": 60})
+        first = jobs.wait_until_committed(settings, cluster, "restarted")
+        other = next(m for m in ("r1", "r2") if m != first.member)
+        upgrades.begin(settings, "restart/1", "4.3.0", {other: "4.2.0", first.member: "4.2.0"})
+        roll.start(settings, "restart/1", [other, first.member])
+
+        def handing_off() -> bool:  # the job parked on its member, its successor launched on 4.3.0
+            status = roll.step(settings, cluster, "restart/1", 30)
+            return status.current == first.member and status.drain is not None and bool(status.drain.handoff)
+
+        wait_for(handing_off, 600, "the job's successor launched", interval=1.0, retryable=())
+        # mid-handoff: the parked run, its successor's start and its first write all need the registry
+        _restart_registry(settings, server, "restarted")
+        # A roll try that meets the restart fails; its retry goes on from the registry's record, as Airflow's would.
+        wait_for(lambda: roll.step(settings, cluster, "restart/1", 30).done, 900, "the roll after the restart",
+                 interval=2.0, retryable=TRANSIENT)
+        upgrades.release(settings, "restart/1", "SUCCEEDED", "test")
+    finally:
+        generator.stop()
+    wait_for(lambda: clicks.results(settings.database_url, "restarted")[0] == dict(generator.truth), 300,
+             "job restarted catching up with every generated file")
+    run = jobs.refresh(settings, cluster, "restarted")
+    assert run is not None and run.state in jobs.LIVE and run.spark_version == "4.3.0"
+    with session_scope(settings.database_url) as s:
+        runs = list(s.scalars(select(JobRun).where(JobRun.job == "restarted").order_by(JobRun.id)))
+        members = {(m.name, m.version, m.status) for m in s.scalars(select(Member))}
+    assert [r.spark_version for r in runs] == ["4.2.0", "4.3.0"]  # one move, no run lost to the restart
+    assert members == {("r1", "4.3.0", "ACTIVE"), ("r2", "4.3.0", "ACTIVE")}
+    jobs.cancel(settings, cluster, "restarted", reason="test done")
+
+
+def _driver_of(job: str, run_id: int) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
+            and f"--job {job} --run-id {run_id} " in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_parked_run_that_the_registry_refuses_gives_up_says_why_and_the_move_goes_on(
+    server: Server, live: tuple[Settings, LocalCluster]
+) -> None:
+    """While the job's run is parked for a move (its lease 600 s), the registry starts to ask for a password the
+    drivers do not have, as after a rotated secret. No wait clears that: the parked run gives up at once and its
+    driver ends, freeing its cores, with its reason left beside its checkpoint. Once the registry lets the control
+    plane in again, the run's `job.end` carries that reason, and the move goes on from the parked run's checkpoint."""
+    settings, cluster = live
+    generator = Generator(settings.data_dir / "landing-refused")
+    generator.write_file()
+    generator.start(interval=0.5)
+    try:
+        first = jobs.submit(settings, cluster, "jobs.clicks", "refused",
+                            options={"landing": str(generator.landing), "lease_seconds": 600})
+        jobs.wait_until_committed(settings, cluster, "refused")
+        savepoints.request_stop(settings, "refused", "a move the test begins", move=True)
+
+        def parked() -> bool:
+            with session_scope(settings.database_url) as s:
+                run = s.get(JobRun, first.id)
+                return run is not None and run.parked
+
+        wait_for(parked, 120, "the job's run parked")
+        assert _driver_of("refused", first.id)
+        server.require_a_password()
+        try:  # well within the lease: the driver does not wait for what waiting cannot clear
+            wait_for(lambda: not _driver_of("refused", first.id), 120, "the parked run's driver ending",
+                     retryable=(psutil.Error,))
+        finally:
+            server.trust_again()
+            forget_engines()  # the test's own pooled connections were ended with the others
+        wait_for(lambda: jobs.refresh(settings, cluster, "refused").ended_at is not None, 120,  # type: ignore[union-attr]
+                 "its master reporting the parked run's driver ended")
+        ended = jobs.refresh(settings, cluster, "refused")
+        assert ended is not None and ended.id == first.id
+        assert (ended.error or "").startswith("parked, it gave up its lease and ended after ") \
+            and "the registry refused it (" in ended.error and "password" in ended.error, ended.error
+        [end] = [e for e in audit.find(settings.database_url, job="refused") if e.action == "job.end"]
+        assert end.details["reason"] == ended.error
+        wait_for(lambda: relocate.step(settings, cluster, "refused", first.spark_version, reason="test",
+                                       avoid_member=first.member), 300,
+                 "the move from the parked run's checkpoint", interval=2.0, retryable=())
+    finally:
+        generator.stop()
+    wait_for(lambda: clicks.results(settings.database_url, "refused")[0] == dict(generator.truth), 300,
+             "job refused catching up with every generated file")
+    with session_scope(settings.database_url) as s:
+        runs = list(s.scalars(select(JobRun).where(JobRun.job == "refused").order_by(JobRun.id)))
+    assert [r.id for r in runs][0] == first.id and len(runs) == 2 and runs[1].state in jobs.LIVE
+    jobs.cancel(settings, cluster, "refused", reason="test done")
