@@ -6,7 +6,7 @@ test started with it):
   file and raises, as a failed try would, or, armed with kill=True, SIGKILLs itself, as an OOM kill or a
   lost host would end a task, or, armed with hold=True, waits there until the test `release`s it (so the
   test can act, e.g. stop a database, at exactly that point), or, armed with delay=N, goes on N s later.
-  Each firing is appended to `<home>/faults/fired.log`. A driver's point may be armed for one Spark version.
+  Each firing is appended to `<home>/faults/fired.log`. A job's point may be armed for one Spark version.
 - `crash`: CHANGEOVER_CRASH_AT=<point> kills the process there with SIGKILL, as `kill -9` would.
 Outside tests neither looks at a file or a variable beyond the one switch.
 """
@@ -64,11 +64,12 @@ def point(settings: Settings, name: str) -> None:
         _reach(settings.home, name)
 
 
-def reached_in_driver(name: str) -> None:
-    """A point in a driver, whose home its environment names; armed as `<name>` or `<name>.<its Spark version>`."""
+def reached_in_job(name: str) -> None:
+    """A point in a job's driver or executor, whose home its environment names (an executor's through
+    `spark.executorEnv`); armed as `<name>` or `<name>.<its Spark version>`."""
     home = os.environ.get("CHANGEOVER_HOME")
     if enabled() and home:
-        import pyspark  # only a driver reaches here, and it has its runtime's pyspark loaded
+        import pyspark  # only a job's processes reach here, and they have their runtime's pyspark loaded
 
         _reach(Path(home), f"{name}.{pyspark.__version__}")
         _reach(Path(home), name)

@@ -281,9 +281,9 @@ def test_an_upgrade_failed_mid_drain_is_aborted_clean_and_a_new_one_succeeds(
     order = [first.member, *(m for m in ("a1", "a2") if m != first.member)]
     try:
         monkeypatch.setenv(faults.SWITCH, "1")
-        faults.arm(settings, "drain.after_stop")
+        faults.arm(settings, "relocate.saved")  # the job parked and saved, its successor not yet launched
         upgrades.begin(settings, "faults/1", "4.3.0", dict.fromkeys(order, "4.2.0"))
-        roll.start(settings, "faults/1", order)
+        roll.start(settings, "faults/1", order, ["aborted"])
         with pytest.raises(faults.InjectedFault):
             _roll_until(settings, cluster, "faults/1", True, 600)
         upgrades.release(settings, "faults/1", "FAILED", "its roll task failed")  # as the finish task does
@@ -291,8 +291,34 @@ def test_an_upgrade_failed_mid_drain_is_aborted_clean_and_a_new_one_succeeds(
         assert stuck["jobs_asked_to_move"] == ["aborted"]
         assert [m["status"] for m in stuck["members"]][0] == "DRAINING"
 
+        # Then the parked run's driver is lost too, and the old version's master stops answering: the abort can
+        # neither restart the member nor relaunch the job. It fails, naming the job and the savepoint to resume it
+        # from, and the upgrade is not ended ABORTED.
+        parked = next(p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
+                      and f"--job aborted --run-id {first.id} " in " ".join(p.info["cmdline"] or []))
+        parked.parent().kill()  # its JVM
+        wait_for(lambda: jobs.refresh(settings, cluster, "aborted").ended_at is not None, 120,  # type: ignore[union-attr]
+                 "the parked run recorded as ended")
+        master = _master_pid(settings, "4.2.0")
+        os.kill(master, signal.SIGSTOP)
+        try:
+            with pytest.raises(ChangeoverError, match=r"(?s)abort of upgrade faults/1: job aborted.*the upgrade "
+                                                      r"holds its savepoint drain-a\d-run\d+-stop1, to resume it from"
+                                                      r".*member a\d is not back in service"):
+                recovery.abort(settings, LocalCluster(settings, start_timeout=10), "faults/1", "the test's fault")
+        finally:
+            os.kill(master, signal.SIGCONT)
+        assert recovery.status(settings, "faults/1")["status"] == "FAILED"
+        failed = [e for e in audit.find(settings.database_url, upgrade="faults/1") if e.action == "upgrade.abort"]
+        assert failed and failed[-1].outcome == "failed"
+
+        # With the master back, the abort run again ends it: the member restarted, the job relaunched (or its
+        # launch that met the paused master found by its driver), the upgrade ABORTED.
         aborted_at = utcnow()
-        after = recovery.abort(settings, cluster, "faults/1", "the test's injected failure")
+        monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "30")  # a launch the paused master never took ends soon
+        wait_for(lambda: recovery.abort(settings, cluster, "faults/1", "the test's injected failure") is not None,
+                 300, "the abort run again", interval=5.0, retryable=(ChangeoverError,))
+        after = recovery.status(settings, "faults/1")
         assert after["status"] == "ABORTED" and not after["locked"] and after["jobs_asked_to_move"] == []
         assert {m["status"] for m in after["members"]} == {"ACTIVE"}
         wait_for(lambda: _commits_after(settings, jobs.refresh(settings, cluster, "aborted").id, aborted_at),

@@ -327,3 +327,45 @@ def test_a_parked_run_that_the_registry_refuses_gives_up_says_why_and_the_move_g
         runs = list(s.scalars(select(JobRun).where(JobRun.job == "refused").order_by(JobRun.id)))
     assert [r.id for r in runs][0] == first.id and len(runs) == 2 and runs[1].state in jobs.LIVE
     jobs.cancel(settings, cluster, "refused", reason="test done")
+
+
+def _speculated(settings: Settings) -> bool:
+    """Spark's driver log says it accepted a speculative attempt and killed the slow one (TaskSetManager)."""
+    logs = [log for log in settings.cluster_dir.rglob("stderr") if log.is_file()]
+    return any("as the attempt 1 succeeded on" in log.read_text(errors="replace") for log in logs)
+
+
+def test_a_speculated_staging_task_lands_each_batch_once(
+    users_server: Server, live: tuple[Settings, LocalCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `spark.speculation` on and the job's executors on both members (two hosts), one staging task is held up
+    right after it staged its rows (an injected 30 s delay). Spark runs a second attempt on the other host, which
+    stages the same rows and finishes first; the merge takes only the attempt Spark accepted, so the batch lands
+    once. Merging every attempt's rows would refuse that batch as "keys occur more than once" and fail the job."""
+    settings, cluster = live
+    monkeypatch.setenv(faults.SWITCH, "1")
+    spark = {"cores_max": 2, "extra_confs": {
+        "spark.speculation": "true", "spark.speculation.interval": "200ms", "spark.speculation.quantile": "0.5",
+        "spark.speculation.minTaskRuntime": "2s",
+        # the fault point is reached on an executor: its environment names the switch and the home
+        "spark.executorEnv.CHANGEOVER_FAULTS": "1", "spark.executorEnv.CHANGEOVER_HOME": str(settings.home)}}
+    generator = Generator(settings.data_dir / "landing-speculated")
+    generator.write_file()
+    generator.start(interval=0.5)
+    try:
+        first = jobs.submit(settings, cluster, "jobs.clicks", "speculated",
+                            options={"landing": str(generator.landing), "sink_url": users_server.url, "spark": spark})
+        jobs.wait_until_committed(settings, cluster, "speculated")
+        faults.arm(settings, "keyed_table.staged", delay=30)
+        wait_for(lambda: _speculated(settings), 180, "Spark accepting a speculative attempt over the slow one")
+    finally:
+        generator.stop()
+    assert [line.split(" pid ")[0] for line in faults.fired(settings)][-1] == "keyed_table.staged delay 30"
+    wait_for(lambda: clicks.results(users_server.url, "speculated")[0] == dict(generator.truth), 300,
+             "job speculated catching up with every generated file in the users' database")
+    run = jobs.refresh(settings, cluster, "speculated")
+    assert run is not None and run.id == first.id and run.state == "RUNNING"  # no batch refused, no restart
+    with session_scope(users_server.url) as s:
+        ledger = s.execute(select(SinkLedger.stage, SinkLedger.batch_id).where(SinkLedger.job == "speculated")).all()
+    assert len(ledger) == len(set(ledger))
+    jobs.cancel(settings, cluster, "speculated", reason="test done")

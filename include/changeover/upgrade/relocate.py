@@ -9,7 +9,7 @@ from datetime import datetime
 
 from sqlalchemy import or_, select
 
-from changeover import audit, jobs, savepoints
+from changeover import audit, faults, jobs, savepoints
 from changeover.cluster import Membership
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
@@ -59,6 +59,7 @@ def step(
         # One savepoint per stop: a run that resumed when its lease ran out and stopped again gets a new one.
         name = f"{reason}-run{run.id}-stop{run.parks}"
         savepoints.take(settings, job_name, name, upgrade_key=upgrade_key, exist_ok=True)
+        faults.point(settings, "relocate.saved")
         lease.extend(settings.database_url, job_name, run.id)  # a whole lease for the restore (a copy across stores)
         root = savepoints.restore(settings, job_name, name)
         standby = warm.standby_of(settings, membership, run.id)

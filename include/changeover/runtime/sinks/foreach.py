@@ -41,7 +41,7 @@ def deliver(function: BatchFunction, context: WriteContext, batch: Any, batch_id
     def once() -> None:
         with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as held:
             function(batch, batch_id, held.epoch) if takes_epoch else function(batch, batch_id)
-            faults.reached_in_driver("foreach.delivered")  # in the user's store, not yet recorded in the registry
+            faults.reached_in_job("foreach.delivered")  # in the user's store, not yet recorded in the registry
             held.session.merge(SinkLedger(job=context.job, stage=context.stage, batch_id=batch_id, rows=0,
                                run_id=context.run_id))
 

@@ -155,6 +155,7 @@ def _stage_partition(url: str, staging: str, columns: list[str], owner: str, bat
     assert task is not None
     stage_rows(url, staging, columns, owner, batch_id, run_id, chunk_rows, task.partitionId(),
                task.taskAttemptId(), rows)
+    faults.reached_in_job("keyed_table.staged")  # staged, and slow to say so: Spark may speculate a second attempt
     yield task.partitionId(), task.taskAttemptId()
 
 
@@ -273,7 +274,7 @@ class KeyedTable(Sink):
                 return self._merge(held.session.connection(), tables, context, owner, batch_id, staged, held.epoch)
             with engine_for(self.url).begin() as connection:
                 merged = self._merge(connection, tables, context, owner, batch_id, staged, held.epoch)
-            faults.reached_in_driver("keyed_table.committed")  # in the sink's database, not yet in the registry
+            faults.reached_in_job("keyed_table.committed")  # in the sink's database, not yet in the registry
             return merged
 
     def _written(self, engine: Engine, tables: _Tables, context: WriteContext, batch_id: int) -> bool:
