@@ -44,7 +44,9 @@ def arm(settings: Settings, point: str, kill: bool = False, hold: bool = False, 
     marker = settings.home / "faults" / point
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.with_name(f"{point}.release").unlink(missing_ok=True)
-    marker.write_text("kill" if kill else "hold" if hold else f"delay {delay}" if delay is not None else "raise")
+    written = marker.with_name(f".{point}.arming")
+    written.write_text("kill" if kill else "hold" if hold else f"delay {delay}" if delay is not None else "raise")
+    written.replace(marker)  # whole, or not there: a process reaching it never reads it half written
     return marker
 
 
@@ -54,7 +56,8 @@ def release(settings: Settings, point: str) -> None:
 
 
 def fired(settings: Settings) -> list[str]:
-    """The firings so far, one line each: `<point> <raise|kill|hold|delay N> pid <pid>`."""
+    """The firings so far, one line each: `<point> <raise|kill|hold|delay N> pid <pid>[ <detail>]`, and a line
+    `<point> hold expired pid <pid>` for a hold never released."""
     log = settings.home / "faults" / "fired.log"
     return log.read_text().splitlines() if log.exists() else []
 
@@ -64,18 +67,18 @@ def point(settings: Settings, name: str) -> None:
         _reach(settings.home, name)
 
 
-def reached_in_job(name: str) -> None:
+def reached_in_job(name: str, detail: str = "") -> None:
     """A point in a job's driver or executor, whose home its environment names (an executor's through
-    `spark.executorEnv`); armed as `<name>` or `<name>.<its Spark version>`."""
+    `spark.executorEnv`); armed as `<name>` or `<name>.<its Spark version>`. `detail` goes into the firing's line."""
     home = os.environ.get("CHANGEOVER_HOME")
     if enabled() and home:
         import pyspark  # only a job's processes reach here, and they have their runtime's pyspark loaded
 
-        _reach(Path(home), f"{name}.{pyspark.__version__}")
-        _reach(Path(home), name)
+        _reach(Path(home), f"{name}.{pyspark.__version__}", detail)
+        _reach(Path(home), name, detail)
 
 
-def _reach(home: Path, name: str) -> None:
+def _reach(home: Path, name: str, detail: str = "") -> None:
     marker = home / "faults" / name
     taken = marker.with_name(f".{name}.{os.getpid()}.{threading.get_ident()}")
     try:
@@ -84,8 +87,9 @@ def _reach(home: Path, name: str) -> None:
         return  # not armed, or another one fired it first
     how = taken.read_text().strip() or "raise"
     taken.unlink()
-    with open(marker.parent / "fired.log", "a") as log:
-        log.write(f"{name} {how} pid {os.getpid()}\n")
+    log = marker.parent / "fired.log"
+    with open(log, "a") as lines:
+        lines.write(f"{name} {how} pid {os.getpid()}{' ' + detail if detail else ''}\n")
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if how.startswith("delay "):
@@ -93,7 +97,11 @@ def _reach(home: Path, name: str) -> None:
         return
     if how == "hold":
         released, deadline = marker.with_name(f"{name}.release"), time.monotonic() + HOLD_LIMIT_SECONDS
-        while not released.exists() and time.monotonic() < deadline:
+        while not released.exists():
+            if time.monotonic() > deadline:
+                with open(log, "a") as lines:
+                    lines.write(f"{name} hold expired pid {os.getpid()}\n")
+                return
             time.sleep(0.2)
         return
     raise InjectedFault(f"fault injected at {name} (armed by {marker})")

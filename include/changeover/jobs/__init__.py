@@ -430,7 +430,7 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
                         f"for {silent:.0f} s"
         if observed != "RUNNING" and run.parked:
             run.ended_at = utcnow()  # its driver is gone; the checkpoint still ends on a batch boundary
-            run.error = run.error or checkpoints.left_reason(run.checkpoint_root)  # a driver that gave up says why
+            run.error = run.error or checkpoints.read_gave_up(run.checkpoint_root)  # a driver that gave up says why
             audit.record(s, "job.end", "job", run.job, run=run.id, state="STOPPED", driver=observed,
                          **({"reason": run.error} if run.error else {}))
         elif observed != "RUNNING" and run.state in (*LIVE, STANDBY):

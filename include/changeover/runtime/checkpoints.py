@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import secrets
@@ -28,6 +29,8 @@ from pathlib import Path
 
 from changeover.registry.models import utcnow
 from changeover.settings import Settings
+
+log = logging.getLogger(__name__)
 
 _LEADING_NUMBER = re.compile(r"^\.?(\d+)")
 _CROSS_DEVICE = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP}
@@ -143,15 +146,22 @@ def snapshot_pending(source: Path, target: Path, batch: int, prefix: str = "", *
 GAVE_UP = ".gave-up"  # why a parked driver ended on its own: it could not tell the registry
 
 
-def leave_reason(root: Path, reason: str) -> None:
+def write_gave_up(root: Path, reason: str) -> None:
     """Beside the checkpoint, on storage the control plane reads, for the `job.end` it records when the driver's
-    master reports it ended."""
-    (root / GAVE_UP).write_text(reason)
-
-
-def left_reason(root: str | Path | None) -> str | None:
+    master reports it ended. Best effort: the driver is ending anyway."""
+    written = root / f"{GAVE_UP}.writing"
     try:
-        return (Path(root) / GAVE_UP).read_text().strip() or None if root else None
+        written.write_text(reason)
+        written.replace(root / GAVE_UP)
+    except OSError as exc:
+        log.warning("could not leave the reason a parked run gave up beside its checkpoint %s: %s", root, exc)
+
+
+def read_gave_up(root: str | Path | None) -> str | None:
+    if not root:
+        return None
+    try:
+        return (Path(root) / GAVE_UP).read_text().strip() or None
     except OSError:
         return None
 

@@ -96,6 +96,11 @@ def version_mismatch(job: str, actual: str, expected: str) -> str:
     )
 
 
+class GaveUpLease(Exception):
+    """A parked run ended itself: its registry refuses it, or has not answered for its whole patience. Not the job's
+    failure: the control plane, once it can, moves the job on from this run's checkpoint."""
+
+
 class Driver:
     def __init__(self, settings: Settings, job: str, run_id: int, lease_seconds: float | None = None,
                  stop_deadline: float = 60.0, self_fence_seconds: float | None = None) -> None:
@@ -433,8 +438,8 @@ class Driver:
                           f"registry {'refused it' if refused(exc) else 'did not answer'} "
                           f"({str(exc.orig or exc).strip().splitlines()[0]})")
                 log.error("job %s run %s: %s", self.job, self.run_id, reason)
-                checkpoints.leave_reason(checkpoint_root, reason)
-                raise
+                checkpoints.write_gave_up(checkpoint_root, reason)
+                raise GaveUpLease(reason) from exc
             log.warning("%s: the database did not answer (%s); still parked", self.registry, exc)
             return "wait"
         self._unanswered_since = None
@@ -553,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
             run_script(args.module)
         driver.report({}, committed=False, state="FINISHED")
         return 0
+    except GaveUpLease:
+        return 5  # its reason is beside its checkpoint; recording a failure would leave the job down
     except Exception as exc:
         if jvm_lost(exc, parent):
             driver.lost_jvm(f"its driver's JVM ended under its Python ({type(exc).__name__}: {exc}): killed, or it "

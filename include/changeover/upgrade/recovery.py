@@ -55,17 +55,17 @@ def abort(settings: Settings, cluster: Membership, key: str, reason: str = "abor
             raise ChangeoverError(f"abort of upgrade {key}", "it succeeded, so there is nothing to undo",
                                   "to go back, run a new upgrade to the old version")
         names = list((run.progress or {}).get("order") or run.members)
-    returned, stuck = [], []
+    returned, member_problems = [], []
     for member in names:  # one member that cannot come back (its master away) does not keep the jobs from going on
         try:
             if _return_to_service(settings, cluster, member, f"abort of upgrade {key}: {reason}"):
                 returned.append(member)
         except ChangeoverError as exc:
-            stuck.append(f"member {member} is not back in service: {exc}")
+            member_problems.append(f"member {member} is not back in service: {exc}")
     resumed = _withdraw_moves(settings, cluster, f"abort of upgrade {key}")
     cluster.stop_empty_masters()  # the target's, started for a member that is back at its old version
-    # a restart or launch that failed on the way shows here
-    down = [*verify.jobs_left_down(settings, cluster, key), *stuck]
+    # the jobs a failed restart or launch left down, and the members that did not come back
+    down = [*verify.jobs_left_down(settings, cluster, key), *member_problems]
     if down:  # the upgrade keeps its lock and savepoints: the abort can be run again once the cause is mended
         with session_scope(settings.database_url) as s:
             audit.record(s, "upgrade.abort", "upgrade", key, outcome="failed", reason=reason,

@@ -122,7 +122,7 @@ def jobs_left_down(settings: Settings, cluster: Membership, upgrade_key: str) ->
             and job_run.heartbeat_at is None
         if unconfirmed and job.name in watched and job.desired != "STOP":  # its launch's answer was lost
             down.append(f"job {job.name}: no master has confirmed the driver of its run {job_run.id}, launched "
-                        f"without an answer; it may not run{_held(settings, upgrade_key, job.name)}")
+                        f"without an answer; it may not run{_savepoint_hint(settings, upgrade_key, job.name)}")
         elif (job_run is None or job_run.state not in jobs.LIVE) and \
                 (found := _down(settings, upgrade_key, job, job_run, watched, started)) is not None:
             down.append(found)
@@ -136,10 +136,11 @@ def _down(settings: Settings, upgrade_key: str, job: Any, job_run: Any, watched:
         return None
     # ended during the upgrade, not by anyone's stop: e.g. its new version failed on its first batch
     return (f"job {job.name} is down: its run {job_run.id} on Spark {job_run.spark_version} ended "
-            f"{job_run.state} ({job_run.error or 'no reason recorded'}){_held(settings, upgrade_key, job.name)}")
+            f"{job_run.state} ({job_run.error or 'no reason recorded'})"
+            f"{_savepoint_hint(settings, upgrade_key, job.name)}")
 
 
-def _held(settings: Settings, upgrade_key: str, job: str) -> str:
+def _savepoint_hint(settings: Settings, upgrade_key: str, job: str) -> str:
     held = _savepoints_of(settings, upgrade_key, job)
     return f"; the upgrade holds its savepoint {held[-1]}, to resume it from" if held else ""
 

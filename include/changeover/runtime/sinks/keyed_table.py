@@ -155,7 +155,8 @@ def _stage_partition(url: str, staging: str, columns: list[str], owner: str, bat
     assert task is not None
     stage_rows(url, staging, columns, owner, batch_id, run_id, chunk_rows, task.partitionId(),
                task.taskAttemptId(), rows)
-    faults.reached_in_job("keyed_table.staged")  # staged, and slow to say so: Spark may speculate a second attempt
+    # staged, and slow to say so: Spark may speculate a second attempt
+    faults.reached_in_job("keyed_table.staged", f"TID {task.taskAttemptId()}")
     yield task.partitionId(), task.taskAttemptId()
 
 
