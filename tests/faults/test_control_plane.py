@@ -5,13 +5,16 @@ that fails mid-drain and is aborted. Nothing is mocked; the injected failure is 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import psutil
+import pyarrow.parquet as pq
 import pytest
 from changeover import audit, faults, jobs
 from changeover.cli.generator import Generator
@@ -22,6 +25,7 @@ from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Master, Member, Savepoint, utcnow
 from changeover.registry.schema import migrate
 from changeover.runtime import KeyedTable
+from changeover.runtime.sinks import files
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import drain, member_upgrade, recovery, relocate, roll, upgrades
@@ -438,3 +442,72 @@ def test_a_savepoint_built_slower_than_the_lease_moves_the_job_once(settings: Se
     _assert_exact(settings, "slow_savepoint", generator)
     jobs.cancel(settings, cluster, "slow_savepoint", reason="test done")
     member_upgrade.upgrade_member(settings, cluster, first.member, first.spark_version)
+
+
+def _parquet_listed_once(output: Path) -> list[dict[str, object]]:
+    """The rows of the files the sink's `_spark_metadata` log lists, as Spark's reader takes them (the newest compact
+    batch, then the later ones); each file listed once."""
+    log = output / files.LOG
+    batches = sorted((int(p.name.removesuffix(".compact")), p) for p in log.iterdir()
+                     if p.name.removesuffix(".compact").isdigit())
+    compact = max((b for b, p in batches if p.name.endswith(".compact")), default=-1)
+    listed: list[str] = []
+    for batch, path in batches:
+        if batch >= compact:
+            listed += [json.loads(line)["path"] for line in path.read_text().splitlines()[1:] if line.strip()]
+    assert len(listed) == len(set(listed)), "a file listed twice in the sink's log"
+    return [row for path in listed for row in pq.read_table(unquote(urlparse(path).path)).to_pylist()]
+
+
+def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: LocalCluster, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker process of the job's member is SIGSTOPped until its master declares it lost (spark.worker.timeout,
+    30 s): the master reports the job's driver ERROR while that driver, and its executors, still run (its output,
+    piped through the stopped worker, stalls it until the worker goes on). Recorded lost, the run is fenced. The job
+    is submitted again, as `changeover jobs` says to: its successor waits until the old driver has stopped its
+    queries (or fallen silent past its self-fence bound) before it copies the checkpoint. No batch is lost or
+    written twice: in the keyed table, and in parquet, where every file Spark's reader sees is listed once in the
+    sink's log. (Mid-drain the same stall finds the job parked within seconds, and a parked run never writes.)"""
+    generator = Generator(settings.data_dir / "landing-false-death")
+    generator.write_file()
+    generator.start(interval=0.5)
+    output = tmp_path / "events"
+    # a driver fences itself after 20 s unconfirmed: a silent one is waited for 20 + 15 s, not the default's 105 s
+    monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "40")
+    jobs.submit(settings, cluster, str(USER_JOBS / "breaks_on_new_spark.py"), "false_death",
+                options={"landing": str(generator.landing), "output": str(output), "lease_seconds": 60})
+    first = jobs.wait_until_committed(settings, cluster, "false_death")
+    assert first.member in ("a1", "a2")
+    pid, _ticks = (settings.cluster_dir / "pids" / f"worker-{first.member}.pid").read_text().split()
+    try:
+        os.kill(int(pid), signal.SIGSTOP)  # the worker JVM only: the driver and executors under it go on
+        try:
+            def declared_lost() -> bool:
+                run = jobs.refresh(settings, cluster, "false_death")
+                return run is not None and run.id == first.id and (run.error or "").startswith(
+                    "its master reports ERROR")
+
+            wait_for(declared_lost, 150, "the master declaring the job's worker, and so its driver, lost",
+                     interval=1.0, retryable=())
+            assert [p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
+                    and f"--job false_death --run-id {first.id} " in " ".join(p.info["cmdline"] or [])], \
+                "the driver declared lost is still running"
+        finally:
+            os.kill(int(pid), signal.SIGCONT)
+        again = jobs.submit(settings, cluster, str(USER_JOBS / "breaks_on_new_spark.py"), "false_death")
+        assert again is not None and again.id != first.id
+        jobs.wait_until_committed(settings, cluster, "false_death")
+    finally:
+        generator.stop()
+    [stopped] = [e for e in audit.find(settings.database_url, job="false_death")
+                 if e.action == "job.lost_driver_stopped"]
+    # its own word, or (if its master ended it first, as the worker came back) its silence
+    assert stopped.details["run"] == first.id and stopped.details["stages"] == ["events"], stopped.details
+    truth = dict(generator.truth)
+    seqs = {f * 1000 + i for f in range(generator.files) for i in range(generator.events_per_file)}
+    wait_for(lambda: {r["key"]: int(r["count"]) for r in KeyedTable(settings.database_url, "false_death_totals",
+                                                                     keys=("key",)).read()} == truth,
+             300, "the keyed table exact")
+    wait_for(lambda: sorted(r["seq"] for r in _parquet_listed_once(output)) == sorted(seqs), 300,
+             "every event in parquet once")
+    jobs.cancel(settings, cluster, "false_death", reason="test done")

@@ -38,6 +38,9 @@ def lease_seconds() -> float:
     return float(os.environ.get("CHANGEOVER_LEASE_SECONDS") or DEFAULT_LEASE_SECONDS)
 
 
+HEARTBEAT_SECONDS = 5.0  # how often a live driver reports itself
+
+
 def lost_after_seconds() -> float:
     """How long a run may go unheard, by its master and by its own heartbeat, before it is recorded as lost."""
     return float(os.environ.get("CHANGEOVER_LOST_AFTER_SECONDS") or DEFAULT_LOST_AFTER_SECONDS)

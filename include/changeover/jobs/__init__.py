@@ -16,6 +16,7 @@ from changeover.cluster.spark_master import DriverStatus, MasterUnreachable
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
 from changeover.handoff import lease
+from changeover.jobs import lost_drivers
 from changeover.jobs.shipping import runtime_artifacts, store_job_code
 from changeover.jobs.spark_settings import SparkSettings
 from changeover.names import check_name
@@ -261,6 +262,7 @@ def launch(
         lease_seconds = lease.length_of(job)
     if copy_from is not None:
         try:
+            lost_drivers.await_stopped(settings, copy_from)  # fenced above; a false death's driver stops first
             _copy_checkpoint(settings, copy_from, checkpoint_root or Path())
         except Exception as exc:
             _hand_back(settings, job_name, run_id, copy_from.id, exc, desired_before)

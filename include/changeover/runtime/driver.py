@@ -39,7 +39,6 @@ from changeover.timeutil import as_utc
 log = logging.getLogger("changeover.driver")
 T = TypeVar("T")
 LOOP_SECONDS = 0.2
-HEARTBEAT_SECONDS = 5.0
 ENTRIES = ("build", "run", "script")
 STANDBY_POLL_SECONDS = 0.05  # how often a ready standby looks for its checkpoint: the move's downtime waits on it
 STANDBY_WAIT_SECONDS = 1800.0  # a standby never handed its job leaves by itself
@@ -260,7 +259,7 @@ class Driver:
                 patiently(partial(lease.end_standby, self.url, self.job, self.run_id, f"not handed its job within "
                                   f"{STANDBY_WAIT_SECONDS:.0f} s of being ready"), self.registry)
                 continue  # ended, or handed the job just before: the next look says which
-            if time.monotonic() - beat >= HEARTBEAT_SECONDS:
+            if time.monotonic() - beat >= lease.HEARTBEAT_SECONDS:
                 patiently(self.heartbeat, self.registry)
                 beat = time.monotonic()
             time.sleep(STANDBY_POLL_SECONDS)
@@ -350,7 +349,7 @@ class Driver:
             if spark is not None and fresh:
                 self._patiently(partial(self.report_operators, spark, checkpoint_root, fresh))
                 described.update(fresh)
-            if advanced or time.monotonic() - reported >= HEARTBEAT_SECONDS:
+            if advanced or time.monotonic() - reported >= lease.HEARTBEAT_SECONDS:
                 try:
                     self.report(now, committed=advanced)
                     seen, reported = now, time.monotonic()
