@@ -5,7 +5,9 @@ a sink nothing fences could still take its writes."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from changeover import audit
@@ -32,9 +34,8 @@ def _lost_run(settings: Settings, sinks: dict[str, dict[str, str]], error: str, 
         return run
 
 
-def _waits(settings: Settings) -> list[str]:
-    return [str(e.details["how"]) for e in audit.find(settings.database_url, job="clicks")
-            if e.action == "job.lost_driver_stopped"]
+def _waits(settings: Settings) -> list[dict[str, Any]]:
+    return [e.details for e in audit.find(settings.database_url, job="clicks") if e.action == "job.lost_driver_stopped"]
 
 
 @pytest.mark.parametrize(("sinks", "error"), [
@@ -54,12 +55,32 @@ def test_an_inferred_death_waits_for_the_driver_s_own_stop(settings: Settings,
     with session_scope(settings.database_url) as s:  # what a fenced driver records as it stops its queries
         audit.record(s, "job.stop", "job", "clicks", run=lost.id, state="STOPPED", progress={})
     lost_drivers.await_stopped(settings, lost)
-    assert _waits(settings) == ["it stopped its queries when it found itself fenced"]
+    assert [wait["how"] for wait in _waits(settings)] == ["it stopped its queries when it found itself fenced"]
 
 
 def test_an_inferred_death_of_a_silent_driver_waits_out_its_self_fence_bound(settings: Settings,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "20")  # self-fence after 10 s: the bound is 10 + 5 + 10 s
-    lost_drivers.await_stopped(settings, _lost_run(settings, FILES, "lost: no word from its master", silent=26))
-    [how] = _waits(settings)
-    assert how.startswith("silent for 2") and how.endswith("past its self-fence bound")
+    monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "20")  # self-fence after 10 s: the bound is 10 + 5 + 40 s
+    lost_drivers.await_stopped(settings, _lost_run(settings, FILES, "lost: no word from its master", silent=52))
+    [wait] = _waits(settings)
+    assert wait["how"].startswith("silent for 5") and wait["how"].endswith("past its self-fence bound")
+    assert 2.0 <= wait["waited_seconds"] < 10.0  # the 3 s it lacked, not more
+
+
+def test_an_inferred_death_is_waited_for_until_the_driver_says_it_stopped(settings: Settings,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "600")
+    lost = _lost_run(settings, FILES, WORKER_LOST, silent=1)
+
+    def the_driver_stops() -> None:  # what a fenced driver records once its queries have stopped
+        with session_scope(settings.database_url) as s:
+            audit.record(s, "job.stop", "job", "clicks", run=lost.id, state="STOPPED", progress={})
+
+    timer = threading.Timer(2.0, the_driver_stops)
+    timer.start()
+    try:
+        lost_drivers.await_stopped(settings, lost)
+    finally:
+        timer.cancel()
+    [wait] = _waits(settings)
+    assert wait["how"] == "it stopped its queries when it found itself fenced" and wait["waited_seconds"] >= 1.5

@@ -334,6 +334,8 @@ def test_a_parked_run_that_the_registry_refuses_gives_up_says_why_and_the_move_g
             and "the registry refused it (" in ended.error and "password" in ended.error, ended.error
         [end] = [e for e in audit.find(settings.database_url, job="refused") if e.action == "job.end"]
         assert end.details["reason"] == ended.error
+        assert ended.state == "STOPPED" and "job.fail" not in {e.action for e in audit.find(settings.database_url,
+                                                                                            job="refused")}
         wait_for(lambda: relocate.step(settings, cluster, "refused", first.spark_version, reason="test",
                                        avoid_member=first.member), 300,
                  "the move from the parked run's checkpoint", interval=2.0, retryable=())

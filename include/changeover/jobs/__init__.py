@@ -117,7 +117,8 @@ def _copy_checkpoint(settings: Settings, previous: JobRun, root: Path) -> None:
     The root is marked while it is laid out: a copy cut short (its task killed) is never taken for a checkpoint."""
     source = _whole_source(Path(previous.checkpoint_root or ""))
     root.mkdir(parents=True, exist_ok=True)
-    (root / LAYING_OUT).write_text(str(source))
+    (root / LAYING_OUT).write_text(str(source))  # first: while it waits below, the new run is not "never accepted"
+    lost_drivers.await_stopped(settings, previous)  # fenced already; a false death's driver stops first
     files = 0
     for stage in checkpoints.stage_names(source):
         batch = checkpoints.last_commit(source / stage)
@@ -262,7 +263,6 @@ def launch(
         lease_seconds = lease.length_of(job)
     if copy_from is not None:
         try:
-            lost_drivers.await_stopped(settings, copy_from)  # fenced above; a false death's driver stops first
             _copy_checkpoint(settings, copy_from, checkpoint_root or Path())
         except Exception as exc:
             _hand_back(settings, job_name, run_id, copy_from.id, exc, desired_before)
