@@ -884,12 +884,13 @@ def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
         settings: Settings, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A registry that refuses the driver (here its database is gone: a refused password or a read-only database
     never clear either) ends the parked run's wait at once; one that does not answer (nothing listens) ends it
-    after the registry's patience. Either way the driver ends and frees its cores instead of holding them."""
+    after the registry's patience. Either way the driver ends and frees its cores instead of holding them, and
+    leaves its reason beside its checkpoint for the control plane's `job.end`."""
     import socket
 
     from changeover.registry import db
-    from changeover.runtime.driver import Driver
-    from sqlalchemy.exc import OperationalError
+    from changeover.runtime import checkpoints
+    from changeover.runtime.driver import Driver, GaveUpLease
 
     if settings.database_url.startswith("postgresql"):
         refusing = settings.database_url.rsplit("/", 1)[0] + "/no_such_registry"
@@ -903,19 +904,24 @@ def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
     def parked_on(url: str) -> Any:
         return Driver(Settings.from_env(home=tmp_path / "home", database_url=url), "clicks", 1, 60)
 
-    refused = parked_on(refusing)
-    with pytest.raises(OperationalError):
-        refused._decide()
+    refused, root = parked_on(refusing), tmp_path / "refused-checkpoint"
+    root.mkdir()
+    with pytest.raises(GaveUpLease, match="the registry refused it"):
+        refused._decide(root)
+    assert (checkpoints.read_gave_up(root) or "").startswith("parked, it gave up its lease and ended after 0 s: "
+                                                             "the registry refused it (")
     monkeypatch.setattr(db, "REGISTRY_PATIENCE_SECONDS", 1.0)
-    unanswered = parked_on(silent)
+    unanswered, root = parked_on(silent), tmp_path / "unanswered-checkpoint"
+    root.mkdir()
     started = time.monotonic()
     try:
-        with pytest.raises(OperationalError):
-            while unanswered._decide() == "wait":
+        with pytest.raises(GaveUpLease, match="the registry did not answer"):
+            while unanswered._decide(root) == "wait":
                 time.sleep(0.05)
     finally:
         closed.close()
     assert time.monotonic() - started >= 1.0  # it waited first: a restart would have cleared
+    assert "the registry did not answer" in (checkpoints.read_gave_up(root) or "")
 
 
 def test_a_successor_whose_write_only_the_sinks_own_database_holds_is_not_undone_by_a_reclaim(
