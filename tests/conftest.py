@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from changeover.cluster import LocalCluster
 from changeover.registry.db import forget_engines
@@ -104,3 +105,10 @@ def local_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     for query in session.streams.active:
         query.stop()
     session.stop()
+
+
+def drivers_of(job: str, run_id: int | None = None) -> list[psutil.Process]:
+    """The Python driver processes of a job (of one run of it, where given) running on this machine."""
+    wanted = f"--job {job} " + (f"--run-id {run_id} " if run_id is not None else "")
+    return [p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
+            and wanted in " ".join(p.info["cmdline"] or [])]

@@ -29,6 +29,7 @@ from changeover.runtime.sinks import files
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import drain, member_upgrade, recovery, relocate, roll, upgrades
+from conftest import drivers_of
 from jobs import clicks
 from sqlalchemy import func, select
 
@@ -127,8 +128,7 @@ def test_a_paused_master_is_no_news_and_only_a_long_silence_ends_a_run(settings:
         # A drain planned meanwhile still has the job to save, not a dead job to skip.
         assert drain.plan(settings, cluster, run.member or "a1").save == ["paused"]
         # Now the driver is really gone, while its master is still silent: ended once its heartbeat is stale.
-        driver = next(p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
-                      and f"--job paused --run-id {run.id} " in " ".join(p.info["cmdline"] or []))
+        driver = drivers_of("paused", run.id)[0]
         driver.kill()
         monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "15")
         wait_for(lambda: jobs.refresh(settings, cluster, "paused").state == "KILLED", 120,  # type: ignore[union-attr]
@@ -194,8 +194,7 @@ def test_a_launch_whose_master_pauses_mid_submission_is_reconciled_or_ended_neve
             assert run.submission_id is not None and len(reconciled) == 1
 
         def drivers() -> int:
-            return len([p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
-                        and "--job paused_launch " in " ".join(p.info["cmdline"] or [])])
+            return len(drivers_of("paused_launch"))
 
         # a driver the master started late finds its run ended and exits: one driver stays
         wait_for(lambda: drivers() == 1, 120, "one driver of job paused_launch", retryable=(psutil.Error,))
@@ -300,8 +299,7 @@ def test_an_upgrade_failed_mid_drain_is_aborted_clean_and_a_new_one_succeeds(
         # Then the parked run's driver is lost too, and the old version's master stops answering: the abort can
         # neither restart the member nor relaunch the job. It fails, naming the job and the savepoint to resume it
         # from, and the upgrade is not ended ABORTED.
-        parked = next(p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
-                      and f"--job aborted --run-id {first.id} " in " ".join(p.info["cmdline"] or []))
+        parked = drivers_of("aborted", first.id)[0]
         parked.parent().kill()  # its JVM
         wait_for(lambda: jobs.refresh(settings, cluster, "aborted").ended_at is not None, 120,  # type: ignore[union-attr]
                  "the parked run recorded as ended")
@@ -376,8 +374,7 @@ def test_a_driver_killed_after_its_stop_was_asked_goes_on_from_its_checkpoint_el
     try:
         assert drain.step(settings, cluster, first.member, 30).stopping == ["killed_mid_stop"]  # stop asked
         # (the module's earlier jobs were cancelled as their tests ended: this one is alone on its member)
-        driver = next(p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
-                      and f"--job killed_mid_stop --run-id {first.id} " in " ".join(p.info["cmdline"] or []))
+        driver = drivers_of("killed_mid_stop", first.id)[0]
         driver.parent().kill()  # the driver's JVM, under the job's Python: py4j loses it, the job's code did not fail
         _drain_until_done(settings, cluster, first.member, 400)
         _moved_off(settings, cluster, "killed_mid_stop", first)
@@ -489,9 +486,7 @@ def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: Lo
 
             wait_for(declared_lost, 150, "the master declaring the job's worker, and so its driver, lost",
                      interval=1.0, retryable=())
-            assert [p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
-                    and f"--job false_death --run-id {first.id} " in " ".join(p.info["cmdline"] or [])], \
-                "the driver declared lost is still running"
+            assert drivers_of("false_death", first.id), "the driver declared lost is still running"
         finally:
             os.kill(int(pid), signal.SIGCONT)
         again = jobs.submit(settings, cluster, str(USER_JOBS / "breaks_on_new_spark.py"), "false_death")

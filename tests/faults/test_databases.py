@@ -29,6 +29,7 @@ from changeover.registry.models import JobRun, Member, Savepoint, SinkLedger
 from changeover.registry.schema import migrate
 from changeover.settings import Settings
 from changeover.upgrade import drain, member_upgrade, relocate, roll, upgrades, verify
+from conftest import drivers_of
 from jobs import click_audit, clicks
 from pg_server import Server, own_server
 from sqlalchemy import func, select
@@ -290,11 +291,6 @@ def test_the_registry_restarted_mid_move_loses_nothing_and_the_roll_goes_on(
     jobs.cancel(settings, cluster, "restarted", reason="test done")
 
 
-def _driver_of(job: str, run_id: int) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"].startswith("python")
-            and f"--job {job} --run-id {run_id} " in " ".join(p.info["cmdline"] or [])]
-
-
 def test_a_parked_run_that_the_registry_refuses_gives_up_says_why_and_the_move_goes_on(
     server: Server, live: tuple[Settings, LocalCluster]
 ) -> None:
@@ -318,10 +314,10 @@ def test_a_parked_run_that_the_registry_refuses_gives_up_says_why_and_the_move_g
                 return run is not None and run.parked
 
         wait_for(parked, 120, "the job's run parked")
-        assert _driver_of("refused", first.id)
+        assert drivers_of("refused", first.id)
         server.require_a_password()
         try:  # well within the lease: the driver does not wait for what waiting cannot clear
-            wait_for(lambda: not _driver_of("refused", first.id), 120, "the parked run's driver ending",
+            wait_for(lambda: not drivers_of("refused", first.id), 120, "the parked run's driver ending",
                      retryable=(psutil.Error,))
         finally:
             server.trust_again()
