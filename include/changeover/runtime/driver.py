@@ -432,9 +432,10 @@ class Driver:
         except TRANSIENT as exc:
             now = time.monotonic()
             self._unanswered_since = self._unanswered_since or now
-            if refused(exc) or now - self._unanswered_since > db.REGISTRY_PATIENCE_SECONDS:
+            answered_no = refused(exc)
+            if answered_no or now - self._unanswered_since > db.REGISTRY_PATIENCE_SECONDS:
                 reason = (f"parked, it gave up its lease and ended after {now - self._unanswered_since:.0f} s: the "
-                          f"registry {'refused it' if refused(exc) else 'did not answer'} "
+                          f"registry {'refused it' if answered_no else 'did not answer'} "
                           f"({str(exc.orig or exc).strip().splitlines()[0]})")
                 log.error("job %s run %s: %s", self.job, self.run_id, reason)
                 checkpoints.write_gave_up(checkpoint_root, reason)
