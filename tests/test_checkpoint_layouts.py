@@ -350,16 +350,84 @@ def test_a_rocksdb_aggregation_restarts_from_its_pruned_copy(spark: Any, tmp_pat
     assert (7, N + 2) in resumed[N + 1]  # key 7 is in every batch: its count carries the state of batch N
 
 
+def _offsets(*log_offsets: int | None) -> str:
+    """An offset log entry as Spark writes it: version, metadata, then a line per source ("-": none yet)."""
+    lines = ["v1", '{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}']
+    return "\n".join([*lines, *("-" if n is None else json.dumps({"logOffset": n}) for n in log_offsets)])
+
+
+def _stage(root: Path, offsets: dict[int, str], commits: range, logs: dict[str, list[str]]) -> Path:
+    for folder, names in {"offsets": offsets, "commits": {n: "v1\n{}" for n in commits}}.items():
+        (root / folder).mkdir(parents=True)
+        for n, text in names.items():
+            (root / folder / str(n)).write_text(text)
+    for log, entries in logs.items():
+        (root / "sources" / log).mkdir(parents=True)
+        for entry in entries:
+            (root / "sources" / log / entry).write_text("v1\n")
+    return root
+
+
+def _kept(source: Path, target: Path, batch: int) -> set[str]:
+    return {*checkpoints.snapshot_stage(source, target, batch).files,
+            *checkpoints.snapshot_pending(source, target, batch).files}
+
+
 def test_a_planned_batch_keeps_its_source_log_entry_also_when_the_log_compacted_it(tmp_path: Path) -> None:
-    """Spark's file source writes every 10th log entry as <batch>.compact. A savepoint at batch 8 with batch 9
+    """Spark's file source writes every 10th log entry as <entry>.compact. A savepoint at batch 8 with batch 9
     planned must keep sources/0/9.compact beside offsets/9, or the restored query fails replaying batch 9 with
-    "batch 9 doesn't exist" (seen in CI)."""
-    source, target = tmp_path / "stage", tmp_path / "copy"
-    for folder, names in {"offsets": range(10), "commits": range(9), "sources/0": range(9)}.items():
-        (source / folder).mkdir(parents=True)
-        for n in names:
-            (source / folder / str(n)).write_text("v1\n{}\n")
-    (source / "sources" / "0" / "9.compact").write_text("v1\n{}\n")
-    kept = {*checkpoints.snapshot_stage(source, target, 8).files,
-            *checkpoints.snapshot_pending(source, target, 8).files}
+    "batch 9 doesn't exist"."""
+    stage = _stage(tmp_path / "stage", {n: _offsets(n) for n in range(10)}, range(9),
+                   {"0": [*map(str, range(9)), "9.compact"]})
+    kept = _kept(stage, tmp_path / "copy", 8)
     assert {"offsets/9", "sources/0/9.compact"} <= kept and "commits/9" not in kept
+
+
+def test_a_file_source_log_ahead_of_the_batch_ids_is_kept_to_the_entries_the_offsets_name(tmp_path: Path) -> None:
+    """Seen in CI: a run stopped while planning left a source log entry without offsets, so the next run's first
+    batch took two entries, and from then on batch N's entry was N + 1. Pruned by batch id, a savepoint at batch 17
+    with batch 18 planned lost entry 19.compact, and the restored query failed with "batch 19 doesn't exist".
+    The second source (no data yet) and the third (not a file source) keep the batch-id rule."""
+    offsets = {n: _offsets(n + 1 if n >= 3 else n, None, None) for n in range(19)}
+    stage = _stage(tmp_path / "stage", offsets, range(18),
+                   {"0": [*map(str, range(9)), "9.compact", *map(str, range(10, 19)), "19.compact"],
+                    "1": [], "2": ["0", "18", "19"]})
+    kept = _kept(stage, tmp_path / "copy", 17)
+    assert {f"sources/0/{n}" for n in range(10, 19)} | {"sources/0/19.compact", "offsets/18"} <= kept
+    assert {"sources/2/0", "sources/2/18"} <= kept and "sources/2/19" not in kept
+    assert "commits/18" not in kept
+
+
+def test_a_source_log_entry_no_offsets_name_is_left_to_be_planned_again(tmp_path: Path) -> None:
+    """Stopped while planning batch 9: the file source had logged entry 9, no offsets/9 was written. Its files are
+    not in the copy's log, so the restored query lists them as new instead of taking them as seen."""
+    stage = _stage(tmp_path / "stage", {n: _offsets(n) for n in range(9)}, range(9), {"0": [*map(str, range(9)),
+                                                                                        "9.compact"]})
+    kept = _kept(stage, tmp_path / "copy", 8)
+    assert "sources/0/8" in kept and "sources/0/9.compact" not in kept
+
+
+@pytest.mark.slow
+def test_a_file_source_a_batch_ahead_restarts_from_its_pruned_copy(spark: Any, tmp_path: Path) -> None:
+    """The CI case on a real query: a run stopped while planning batch 3 (its source logged entry 3, no offsets);
+    the next run's batch 3 takes entries 3 and 4, so batch N's entry is N + 1 from then on. A copy pruned to batch
+    4 with batch 5 planned replays batch 5 exactly as the original ran it."""
+    session = session_with(spark, {})
+    inputs, first, stopped, copy = (tmp_path / name for name in ("inputs", "first", "stopped", "copy"))
+    query = count_query(inputs)
+
+    def write(batches: range) -> None:
+        write_inputs(inputs, batches, lambda i: [{"k": i % 2}, {"k": 9}])
+
+    write(range(0, 4))
+    assert sorted(run(session, query, first)) == [0, 1, 2, 3]
+    checkpoints.snapshot_stage(first, stopped, 2)
+    (stopped / "sources" / "0" / "3").write_bytes((first / "sources" / "0" / "3").read_bytes())  # the orphan
+    write(range(4, 7))
+    output = run(session, query, stopped)
+    assert sorted(output) == [3, 4, 5]
+    assert json.loads((stopped / "offsets" / "5").read_text().splitlines()[2]) == {"logOffset": 6}  # a batch ahead
+
+    (stopped / "commits" / "5").unlink()  # as if stopped with batch 5 planned, not yet committed
+    _kept(stopped, copy, 4)
+    assert run(session, query, copy) == {5: output[5]}

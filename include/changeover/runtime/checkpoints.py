@@ -50,8 +50,13 @@ def _batch_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def keep(relative: str, batch: int) -> bool:
-    """Whether a checkpoint file (path relative to the stage folder) belongs to the state as of `batch`."""
+def keep(relative: str, batch: int, log_ends: dict[str, int] | None = None) -> bool:
+    """Whether a checkpoint file (path relative to the stage folder) belongs to the state as of `batch`.
+
+    log_ends: for each file source (by its folder under sources/), the last entry of its own log that batch's
+    offsets point at (`source_log_ends`). A file source numbers its log apart from the batch ids: a run stopped
+    while planning leaves an entry without offsets, and the next run's first batch takes that entry and a new one,
+    so from then on the source's entry of batch N is N + 1 or more."""
     parts = relative.split(os.sep)
     name = parts[-1]
     if name.endswith(".tmp") or ".tmp." in name:
@@ -60,9 +65,11 @@ def keep(relative: str, batch: int) -> bool:
         # Hadoop's local filesystem writes .<file>.crc beside every file it writes, and verifies it on read. It
         # goes with its file: a kept file keeps its checksum, a pruned one's must not outlive it. (Spark's own
         # <file>.crc, state files of checkpoint format 2, starts with its file's name and follows the same rules.)
-        return keep(os.sep.join([*parts[:-1], name[1:-4]]), batch)
+        return keep(os.sep.join([*parts[:-1], name[1:-4]]), batch, log_ends)
     number = _batch_of(name)
-    if parts[0] in ("offsets", "commits") or (parts[0] == "sources" and len(parts) == 3):
+    if parts[0] == "sources" and len(parts) == 3:
+        return number is None or number <= (log_ends or {}).get(parts[1], batch)
+    if parts[0] in ("offsets", "commits"):
         return number is None or number <= batch
     if parts[0] == "state":
         if "_metadata" in parts or "_stateSchema" in parts:  # named by the batch that wrote them, if at all
@@ -72,6 +79,24 @@ def keep(relative: str, batch: int) -> bool:
         if len(parts) in (4, 5):  # state/<op>/<partition>[/<store>]/<version>[_<uuid>].<kind>[.crc]
             return number is None or number <= batch + 1
     return True
+
+
+def source_log_ends(stage: Path, batch: int) -> dict[str, int]:
+    """Each file source's `logOffset` in the offsets of `batch` (sources/<i> by i), from Spark's offset log:
+    a version line, the batch's metadata, then one line per source. Sources of other kinds are left out."""
+    try:
+        lines = (stage / "offsets" / str(batch)).read_text().splitlines()
+    except OSError:
+        return {}
+    ends = {}
+    for index, line in enumerate(lines[2:]):
+        try:
+            offset = json.loads(line)
+        except ValueError:  # "-": the source had no offset yet
+            continue
+        if isinstance(offset, dict) and isinstance(offset.get("logOffset"), int):
+            ends[str(index)] = offset["logOffset"]
+    return ends
 
 
 def materialise(source: str | Path, target: str | Path, *, link: bool = True) -> str | None:
@@ -103,12 +128,13 @@ def snapshot_stage(source: Path, target: Path, batch: int, *, link: bool = True,
     path of a savepoint, one call per checkpoint file."""
     stats = CopyStats()
     base = len(str(source)) + 1
+    log_ends = source_log_ends(source, batch)
     for directory, _dirs, files in os.walk(source):
         relative_dir = directory[base:]
         made = False
         for name in files:
             relative = os.path.join(relative_dir, name) if relative_dir else name
-            if not keep(relative, batch):
+            if not keep(relative, batch, log_ends):
                 continue
             destination = os.path.join(target, relative)
             if not made:
@@ -128,14 +154,22 @@ def snapshot_stage(source: Path, target: Path, batch: int, *, link: bool = True,
 
 def snapshot_pending(source: Path, target: Path, batch: int, prefix: str = "", *, link: bool = True) -> CopyStats:
     """The batch Spark planned after `batch`, if it wrote its offsets: the offset entry and the source log
-    entries. Restored, Spark replays that batch with exactly those offsets, so a sink that already has it
-    recognises it; without them a new plan would give the same batch id other data."""
+    entries it points at. Restored, Spark replays that batch with exactly those offsets, so a sink that already has
+    it recognises it; without them a new plan would give the same batch id other data. A source log entry that no
+    offsets point at (a stop while planning) is left behind: its files are listed again, as new, by the next plan."""
     stats = CopyStats()
-    planned = [os.path.join("offsets", str(batch + 1))]
-    if (source / "sources").is_dir():  # a file source compacts its log: every 10th entry is <batch>.compact
-        planned += [os.path.join("sources", d.name, f"{batch + 1}{suffix}") for d in (source / "sources").iterdir()
-                    for suffix in ("", ".compact")]
-    for relative in planned:
+    planned = os.path.join("offsets", str(batch + 1))
+    if not (source / planned).exists():
+        return stats
+    relatives = [planned]
+    done, pending = source_log_ends(source, batch), source_log_ends(source, batch + 1)
+    logs = sorted(p.name for p in (source / "sources").iterdir()) if (source / "sources").is_dir() else []
+    for log in logs:
+        first, last = (done.get(log, batch) + 1, pending[log]) if log in pending else (batch + 1, batch + 1)
+        # a file source compacts its log: every 10th entry is <entry>.compact
+        relatives += [os.path.join("sources", log, f"{n}{suffix}") for n in range(first, last + 1)
+                      for suffix in ("", ".compact")]
+    for relative in relatives:
         folder, name = os.path.split(relative)
         for each in (relative, os.path.join(folder, f".{name}.crc")):
             if (source / each).exists() and materialise(source / each, target / each, link=link) is not None:
