@@ -10,7 +10,7 @@ import pytest
 from changeover.handoff.lease import Parked, Successor, decide_parked
 
 PARKED = Parked(ended=False, desired="MOVE", current=False, taken_over_since=False, expired=False, successor=None)
-STARTING = Successor(id=9, state="SUBMITTED", wrote=False, ended=False, claimed=False, starting=True)
+STARTING = Successor(id=9, state="SUBMITTED", wrote=False, ended=False, starting=True)
 SILENT = replace(STARTING, starting=False)
 
 # (case, observed, decision, event, reclaim, run_again)
@@ -22,10 +22,6 @@ CASES = [
      False),
     ("the successor ended before writing", replace(PARKED, successor=replace(STARTING, ended=True, state="FAILED")),
      "resume", "job.unpark", True, True),
-    ("a claimed successor, lease left", replace(PARKED, successor=replace(SILENT, claimed=True)), "wait", None, False,
-     False),
-    ("a claimed successor, lease out", replace(PARKED, expired=True, successor=replace(SILENT, claimed=True)), "exit",
-     "job.handoff", False, False),
     ("a starting successor, lease out", replace(PARKED, expired=True, successor=STARTING), "wait", None, False, False),
     ("a silent successor, lease out", replace(PARKED, expired=True, successor=SILENT), "resume", "job.unpark", True,
      True),

@@ -120,7 +120,6 @@ def test_a_successor_that_failed_before_writing_hands_the_job_back_at_once(setti
 def test_moves_that_ended_before_writing_stop_the_drain_after_one_failure_or_three_tries(settings: Settings) -> None:
     """One successor the new version failed is enough to stop asking the job to move; tries that died of other
     causes (killed, never accepted) are retried, up to three per drain."""
-    from changeover.upgrade import relocate
 
     old = _job_with_parked_run(settings, lease_left=3600)
     since = utcnow() - timedelta(seconds=1)
@@ -225,66 +224,51 @@ def test_a_parked_run_never_reclaims_from_a_later_run_that_took_over(settings: S
     assert lease.decide(settings.database_url, "clicks", old) == "exit"
 
 
-def test_a_successor_that_claimed_an_unfenced_sink_is_waited_for_and_hands_back_if_it_ends_first(
-    settings: Settings,
-) -> None:
-    """A files sink cannot be fenced: the successor claims the job before its first batch. The parked run then never
-    resumes beside it: it waits for that batch, exits once it is done, takes the job back when the successor ends
-    first, and leaves the job to it when the lease runs out first (the successor may be waiting for its cores)."""
-    old = _job_with_parked_run(settings, lease_left=3600)
-    claimed = _successor(settings)
-    assert lease.claim(settings.database_url, "clicks", claimed)
-    assert lease.decide(settings.database_url, "clicks", old) == "wait"
-    assert not lease.claim(settings.database_url, "clicks", old)  # only the job's current run claims it
-    with session_scope(settings.database_url) as s:
-        s.get(JobRun, claimed).state, s.get(JobRun, claimed).ended_at = "FAILED", utcnow()
+def _reclaimed_then_parked_again(settings: Settings, old: int, new: int, stage: str) -> None:
+    """The parked run takes the job back from a successor that wrote nothing and ended, then parks again for the
+    move with that successor current once more (as if it had been launched again)."""
     assert lease.decide(settings.database_url, "clicks", old) == "resume"
     with session_scope(settings.database_url) as s:
-        assert s.get(Job, "clicks").current_run_id == old
-    assert [r.id for r in relocate.failed_tries(settings, "clicks", utcnow() - timedelta(hours=1))] == [claimed]
-
-    lease.park(settings.database_url, "clicks", old, {"totals": 5}, seconds=3600)  # moved again: this one gets through
-    second = _successor(settings)
-    assert lease.claim(settings.database_url, "clicks", second)
-    assert lease.decide(settings.database_url, "clicks", old) == "wait"
-    assert lease.take_over(settings.database_url, "clicks", second)  # its first batch is done
-    assert lease.decide(settings.database_url, "clicks", old) == "exit"
+        s.get(Job, "clicks").desired = "MOVE"
+    lease.park(settings.database_url, "clicks", old, {stage: 4}, seconds=3600)
+    with session_scope(settings.database_url) as s:
+        s.get(Job, "clicks").make_current(s.get(JobRun, new))
 
 
-def test_a_parked_run_leaves_the_job_to_a_claimed_successor_when_its_lease_runs_out(settings: Settings) -> None:
-    old = _job_with_parked_run(settings, lease_left=0)
-    claimed = _successor(settings)
-    with session_scope(settings.database_url) as s:  # alive and heartbeating: never resumed beside it
-        s.get(JobRun, claimed).heartbeat_at = utcnow()
-    assert lease.claim(settings.database_url, "clicks", claimed)
+def _left_to_its_successor(settings: Settings, old: int, new: int) -> None:
     assert lease.decide(settings.database_url, "clicks", old) == "exit"
     with session_scope(settings.database_url) as s:
-        assert s.get(Job, "clicks").current_run_id == claimed and s.get(JobRun, old).ended_at is not None
-    handoff = [e.details for e in audit.find(settings.database_url, job="clicks") if e.action == "job.handoff"]
-    assert handoff and "claimed the job" in handoff[-1]["reason"], handoff
+        assert s.get(Job, "clicks").current_run_id == new and s.get(JobRun, old).ended_at is not None
 
 
-def test_a_parked_run_resumes_only_while_no_unfenced_sink_is_past_its_own_batches(settings: Settings,
-                                                                                  tmp_path) -> None:
-    """A files sink's log past the run's last commit is fine when the run had planned that batch (its offsets are
-    written: Spark replays it with the same offsets, and the sink skips it as written); past that, another run
-    wrote it, and resuming would skip or repeat it."""
-    from changeover.runtime import Files, Stage
-    from changeover.runtime.driver import Driver
+def test_a_successor_whose_batch_only_the_file_sinks_log_holds_is_not_undone_by_a_reclaim(
+        settings: Settings, tmp_path: Path) -> None:
+    """A file sink's log entry lands before the registry's transaction commits (the fence holds the job row's lock
+    around both). The successor died between the two: the parked run reads the log, where each data file is named by
+    the run that wrote it, and leaves the job to the successor's checkpoint."""
+    from changeover.runtime import Files
+    from changeover.runtime.sinks.files import written_name
 
-    root, output = tmp_path / "checkpoint", tmp_path / "out"
-    for folder, batches in ((root / "events" / "offsets", range(6)), (root / "events" / "commits", range(5)),
-                            (output / "_spark_metadata", range(6))):
-        folder.mkdir(parents=True)
-        for batch in batches:
-            (folder / str(batch)).write_text("v1\n")
-    stages = [Stage("events", None, Files(str(output)))]
-    driver = Driver(settings, "clicks", _job_with_parked_run(settings, lease_left=3600))
-    assert driver.unfenced_sinks_ahead(stages, root, {"events": 4}) is None  # batch 5 planned: a replay
-    (output / "_spark_metadata" / "6").write_text("v1\n")
-    refusal = driver.unfenced_sinks_ahead(stages, root, {"events": 4})
-    assert refusal is not None and "the files sink of stage events shows batch 6, past this run's batches (through 5)" \
-        in refusal and "--rewind-sink" in refusal
+    out = tmp_path / "out"
+    old = _job_with_parked_run(settings, lease_left=3600)
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, old).sinks = {"events": Files(str(out)).describe()}
+    new = _successor(settings)
+    with session_scope(settings.database_url) as s:
+        successor = s.get(JobRun, new)
+        successor.state, successor.ended_at = "KILLED", utcnow()  # died after its log entry
+
+    def log_entry(batch: int, run: int) -> None:
+        (out / "_spark_metadata").mkdir(parents=True, exist_ok=True)
+        path = (out / written_name(run, "part-00000.parquet")).as_uri()
+        (out / "_spark_metadata" / str(batch)).write_text(f'v1\n{{"path":"{path}","size":1,"isDir":false,'
+                                                          '"modificationTime":0,"blockReplication":1,'
+                                                          '"blockSize":1,"action":"add"}\n')
+
+    log_entry(4, old)  # the parked run's own batch: says nothing about the successor
+    _reclaimed_then_parked_again(settings, old, new, "events")
+    log_entry(5, new)  # the successor's batch, in the sink's log only
+    _left_to_its_successor(settings, old, new)
 
 
 def test_the_fence_waits_for_a_lease_decision_in_flight(settings: Settings) -> None:
@@ -957,16 +941,9 @@ def test_a_successor_whose_write_only_the_sinks_own_database_holds_is_not_undone
         ledger_row(90, old - 1)  # an earlier run's batch (another timeline): says nothing about the successor
         with session_scope(settings.database_url) as s:
             s.get(JobRun, old).lease_until = utcnow() + timedelta(hours=1)
-        assert lease.decide(settings.database_url, "clicks", old) == "resume"  # a successor that wrote nothing
-        with session_scope(settings.database_url) as s:  # park again, the successor current once more
-            s.get(Job, "clicks").desired = "MOVE"
-        lease.park(settings.database_url, "clicks", old, {"totals": 4}, seconds=3600)
-        with session_scope(settings.database_url) as s:
-            s.get(Job, "clicks").make_current(s.get(JobRun, new))
+        _reclaimed_then_parked_again(settings, old, new, "totals")
         ledger_row(5, new)  # the successor's batch, committed in the sink's database only
     finally:
         engine.dispose()
 
-    assert lease.decide(settings.database_url, "clicks", old) == "exit"
-    with session_scope(settings.database_url) as s:
-        assert s.get(Job, "clicks").current_run_id == new and s.get(JobRun, old).ended_at is not None
+    _left_to_its_successor(settings, old, new)

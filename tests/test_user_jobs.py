@@ -196,8 +196,8 @@ def test_a_standby_failing_after_the_hand_over_hands_the_job_back_to_its_parked_
                                                                                         tmp_path: Path) -> None:
     """A warm move's fallback after the handoff: the standby on 4.3.0 gets ready (its warm-up is not the job's
     code), is handed the restored checkpoint, and its first batch fails there. The parked 4.2.0 run takes the job
-    back at once, from the batch of the savepoint, and the job ends exact in both its sinks: a keyed table, fenced,
-    and a files sink, which cannot be fenced, so the standby claimed the job before its first batch."""
+    back at once, from the batch of the savepoint, and the job ends exact in both its sinks: a keyed table and a
+    files sink, each fenced inside its write."""
     job, output = "handback", tmp_path / "out"
     options = {"landing": str(tmp_path / "landing"), "broken_on": "4.3.0", "output": str(output)}
     generator = Generator(tmp_path / "landing")

@@ -456,21 +456,18 @@ def _parquet_listed_once(output: Path) -> list[dict[str, object]]:
     return [row for path in listed for row in pq.read_table(unquote(urlparse(path).path)).to_pylist()]
 
 
-def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: LocalCluster, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: LocalCluster, tmp_path: Path) -> None:
     """The worker process of the job's member is SIGSTOPped until its master declares it lost (spark.worker.timeout,
     30 s): the master reports the job's driver ERROR while that driver, and its executors, still run (its output,
     piped through the stopped worker, stalls it until the worker goes on). Recorded lost, the run is fenced. The job
-    is submitted again, as `changeover jobs` says to: its successor waits until the old driver has stopped its
-    queries (or fallen silent past its self-fence bound) before it copies the checkpoint. No batch is lost or
-    written twice: in the keyed table, and in parquet, where every file Spark's reader sees is listed once in the
-    sink's log. (Mid-drain the same stall finds the job parked within seconds, and a parked run never writes.)"""
+    is submitted again, as `changeover jobs` says to, and its successor copies the checkpoint: whatever the old
+    driver does after the worker goes on, every sink refuses its writes. No batch is lost or written twice: in the
+    keyed table, and in parquet, where every file Spark's reader sees is listed once in the sink's log. (Mid-drain
+    the same stall finds the job parked within seconds, and a parked run never writes.)"""
     generator = Generator(settings.data_dir / "landing-false-death")
     generator.write_file()
     generator.start(interval=0.5)
     output = tmp_path / "events"
-    # a driver fences itself after 20 s unconfirmed: a silent one is waited for 20 + 15 s, not the default's 105 s
-    monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "40")
     jobs.submit(settings, cluster, str(USER_JOBS / "breaks_on_new_spark.py"), "false_death",
                 options={"landing": str(generator.landing), "output": str(output), "lease_seconds": 60})
     first = jobs.wait_until_committed(settings, cluster, "false_death")
@@ -494,10 +491,9 @@ def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: Lo
         jobs.wait_until_committed(settings, cluster, "false_death")
     finally:
         generator.stop()
-    [stopped] = [e for e in audit.find(settings.database_url, job="false_death")
-                 if e.action == "job.lost_driver_stopped"]
-    # its own word, or (if its master ended it first, as the worker came back) its silence
-    assert stopped.details["run"] == first.id and stopped.details["stages"] == ["events"], stopped.details
+    refused = {e.details["run"] for e in audit.find(settings.database_url, job="false_death")
+               if e.action == "sink.fenced"}
+    assert refused <= {first.id}  # a refusal, if any, is of the run declared lost
     truth = dict(generator.truth)
     seqs = {f * 1000 + i for f in range(generator.files) for i in range(generator.events_per_file)}
     wait_for(lambda: {r["key"]: int(r["count"]) for r in KeyedTable(settings.database_url, "false_death_totals",

@@ -4,10 +4,8 @@ A fault-tolerant run asked to stop does not exit at the batch boundary. It parks
 stopped, its driver stays up, and it holds a lease. It exits once its successor has written output.
 If no successor has written by the end of the lease, whatever happened to the orchestrator (a failed
 task, a deadlock, a killed scheduler), the parked run reclaims the job and resumes in place. The
-successor, if one was launched, is fenced off: its sink writes are refused (see `runtime.fence`). A successor
-writing a sink that cannot be fenced (files) claims the job before its first batch instead: the parked run then
-waits for that batch, and takes the job back only if the successor ends first. Every decision is taken under the
-job row's lock, the same lock the sink's fence takes.
+successor, if one was launched, is fenced off: its sink writes are refused (see `handoff.fence`). Every decision
+is taken under the job row's lock, the same lock the sink's fence takes.
 """
 
 from __future__ import annotations
@@ -46,13 +44,6 @@ def lost_after_seconds() -> float:
     return float(os.environ.get("CHANGEOVER_LOST_AFTER_SECONDS") or DEFAULT_LOST_AFTER_SECONDS)
 
 
-def self_fence_seconds() -> float:
-    """How long a driver may go without confirming that it is its job's current run before it stops its unfenced
-    queries: half the loss deadline, so it has stopped before the control plane may declare it lost and copy its
-    checkpoint for a successor (Flink's leader sessions, Kafka's session timeout)."""
-    return lost_after_seconds() / 2
-
-
 def length_of(job: Job) -> float:
     """A job's lease length: its option lease_seconds, else the default."""
     return float((job.options or {}).get("lease_seconds") or lease_seconds())
@@ -75,27 +66,14 @@ def park(url: str, job: str, run_id: int, progress: dict[str, int | None], secon
 def take_over(url: str, job: str, run_id: int) -> bool:
     """A successor that has run its first cycle takes the job over, data or none: from then on the parked
     run it replaces exits instead of reclaiming. False when this run was fenced off first."""
-    return _mark_current(url, job, run_id, "first_write_at")
-
-
-def claim(url: str, job: str, run_id: int) -> bool:
-    """A successor whose sink cannot be fenced claims the job before its first batch: from then on the parked run it
-    replaces waits for that batch, and never reclaims the job while the successor lives (both would write the
-    sink). If the successor ends before its first batch, the parked run takes the job back; if the lease runs out
-    first, the parked run leaves the job to it (`decide`). False when this run is no longer the job's."""
-    return _mark_current(url, job, run_id, "claimed_at")
-
-
-def _mark_current(url: str, job: str, run_id: int, column: Literal["first_write_at", "claimed_at"]) -> bool:
-    """Under the job row's lock: note when the run first did this, while it is the job's current run."""
     with session_scope(url) as s:
         row = lock_row(s, Job, job)
         run = s.get(JobRun, run_id)
         assert row is not None and run is not None
         if row.current_run_id != run_id:
             return False
-        if getattr(run, column) is None:
-            setattr(run, column, utcnow())
+        if run.first_write_at is None:
+            run.first_write_at = utcnow()
         return True
 
 
@@ -127,7 +105,6 @@ class Successor:
     state: str
     wrote: bool  # took the job over: its first batch ran (or committed)
     ended: bool
-    claimed: bool  # claimed the job before its first batch (a sink nothing fences)
     starting: bool  # alive and still starting, within its grace (`_starting`)
 
 
@@ -162,17 +139,9 @@ def decide_parked(run: Parked) -> Verdict:
         if successor is not None and successor.wrote:
             return Verdict("exit", "job.handoff")
         if successor is not None and successor.ended:
-            # e.g. the new version failed the job on its first batch: no reason to wait out the lease (the driver
-            # checks, as it resumes, that no sink it cannot fence shows a batch past its own)
+            # e.g. the new version failed the job on its first batch: no reason to wait out the lease
             return Verdict("resume", "job.unpark", f"its successor run {successor.id} ended {successor.state} before "
                            "writing anything", reclaim=True, run_again=True)
-        if successor is not None and successor.claimed:
-            if not run.expired:
-                return Verdict("wait")  # its first batch may be writing a sink that cannot be fenced: never both
-            # Still no first batch when the lease ran out (it may wait for the cores this run holds): this run
-            # cannot resume beside it, so it leaves the job to it, as a cold successor's take-over would.
-            return Verdict("exit", "job.handoff", "its successor claimed the job and had not finished its first "
-                           "batch when the lease ran out; a sink it cannot fence cannot be written by both")
         if run.expired and not (successor is not None and successor.starting):
             return Verdict("resume", "job.unpark", "its lease ran out before the successor wrote anything; the "
                            "successor is fenced", reclaim=True, run_again=True)
@@ -197,7 +166,7 @@ def decide(url: str, job: str, run_id: int) -> Decision:
             successor.id, successor.state,
             bool(successor.first_write_at or successor.first_commit_at)
             or _sinks_hold_a_write_of(url, job, run, successor.id),
-            successor.ended_at is not None, successor.claimed_at is not None,
+            successor.ended_at is not None,
             _starting(successor, run, length_of(row), now))
         verdict = decide_parked(Parked(
             ended=run.ended_at is not None, desired=row.desired, current=row.current_run_id == run_id,

@@ -16,7 +16,6 @@ from changeover.cluster.spark_master import DriverStatus, MasterUnreachable
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
 from changeover.handoff import lease
-from changeover.jobs import lost_drivers
 from changeover.jobs.shipping import runtime_artifacts, store_job_code
 from changeover.jobs.spark_settings import SparkSettings
 from changeover.names import check_name
@@ -118,7 +117,6 @@ def _copy_checkpoint(settings: Settings, previous: JobRun, root: Path) -> None:
     source = _whole_source(Path(previous.checkpoint_root or ""))
     root.mkdir(parents=True, exist_ok=True)
     (root / LAYING_OUT).write_text(str(source))  # first: while it waits below, the new run is not "never accepted"
-    lost_drivers.await_stopped(settings, previous)  # fenced already; a false death's driver stops first
     files = 0
     for stage in checkpoints.stage_names(source):
         batch = checkpoints.last_commit(source / stage)
@@ -343,8 +341,7 @@ def _submission(settings: Settings, runtime: Any, master: Any, job_name: str, ve
         app_args += ["--conf", f"{key}={value}"]
     app_args += [str(entry_script), "--job", job_name, "--run-id", str(run_id), "--module", module,
                  "--entry", entry, "--expected-version", version,
-                 "--lease-seconds", str(lease_seconds), "--stop-deadline", str(stop_deadline),
-                 "--self-fence-seconds", str(lease.self_fence_seconds())]
+                 "--lease-seconds", str(lease_seconds), "--stop-deadline", str(stop_deadline)]
     app_args += ["--checkpoint-root", str(checkpoint_root)] if checkpoint_root else []
     app_args += ["--standby"] if standby else []
     if allow_non_restored_state:

@@ -114,9 +114,6 @@ class JobRun(Base):
     parks: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # times it stopped at a boundary
     # when it took the job over (its first sink write or its first cycle): from then on it cannot be fenced off
     first_write_at: Mapped[datetime | None]
-    # when, writing to a sink that cannot be fenced, it claimed the job before its first batch: the run it replaces
-    # then waits for that batch instead of reclaiming the job by its lease
-    claimed_at: Mapped[datetime | None]
     epoch: Mapped[int | None] = mapped_column(BigInteger)  # the job's epoch when this run last became its owner
     standby_of: Mapped[int | None] = mapped_column(index=True)  # the run a warm standby is to succeed
     ready_at: Mapped[datetime | None]  # when a standby had its session, executors and plans, ready for a checkpoint

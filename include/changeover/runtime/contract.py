@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from changeover.errors import ChangeoverError
 from changeover.names import check_name
 
 if TYPE_CHECKING:
@@ -22,6 +23,11 @@ class Stage:
 
     def __post_init__(self) -> None:
         check_name("stage", self.name)  # it names the stage's checkpoint folder and its state in savepoints
+        modes = getattr(self.sink, "output_modes", None)
+        if modes is not None and self.output_mode not in modes:
+            raise ChangeoverError(f"stage {self.name} in {self.output_mode} mode", f"its {self.sink.kind} sink takes "
+                                  f"{' or '.join(modes)} output only", "write the stage in append mode (an "
+                                  "aggregation needs a watermark for it), or declare a keyed table as its sink")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ from changeover.registry.models import Job, JobRun, utcnow
 from changeover.runtime import checkpoints
 from changeover.runtime.contract import JobContext, Stage
 from changeover.runtime.queries import StageQueries
-from changeover.runtime.sinks.base import WriteContext
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 
@@ -102,19 +101,14 @@ class GaveUpLease(Exception):
 
 class Driver:
     def __init__(self, settings: Settings, job: str, run_id: int, lease_seconds: float | None = None,
-                 stop_deadline: float = 60.0, self_fence_seconds: float | None = None) -> None:
+                 stop_deadline: float = 60.0) -> None:
         self.settings = settings
         self.lease_seconds = lease_seconds if lease_seconds is not None else lease.lease_seconds()
         self.stop_deadline = stop_deadline
-        self.self_fence_seconds = self_fence_seconds if self_fence_seconds is not None else lease.self_fence_seconds()
         self.url = settings.database_url
         self.job = job
         self.run_id = run_id
         self._unanswered_since: float | None = None  # when the parked run's registry calls began to fail
-        self._confirmed_at = time.monotonic()  # when the registry last said this run is its job's current one
-        self._self_fenced: list[str] = []  # the stages this run stopped while it could not confirm that
-        self._self_fenced_at: float | None = None
-        self._while_waiting: Callable[[], None] | None = None
 
     def record_submission(self, cwd: Path) -> None:
         """The second half of a launch whose answer was lost (its task killed after the master accepted it):
@@ -293,22 +287,13 @@ class Driver:
         described_plans = plans if plans is not None else self.describe(spark, stages)
         patiently(partial(self.report, seen, committed=False, sinks={s.name: s.sink.describe() for s in stages},
                           plans=described_plans), self.registry)
-        # A sink Changeover cannot fence: claim the job before the first write, so the run this one replaces
-        # waits for this run's first batch instead of reclaiming the job and writing the same batches again.
         took_over = False
-        unfenced = not all(stage.sink.fenced for stage in stages)
-        if unfenced and not patiently(partial(lease.claim, self.url, self.job, self.run_id), self.registry):
-            self.report(seen, committed=False, state="STOPPED")
-            return True
         queries.start()
         triggered = False
         described: set[str] = set()
         reported = time.monotonic()
-        unfenced_stages = [stage.name for stage in stages if not stage.sink.fenced]
-        self._confirmed_at = time.monotonic()
-        self._while_waiting = partial(self.fence_self, queries, unfenced_stages)
         while True:
-            state = self.confirm(queries)
+            state = self._patiently(self.stop_state)
             if state == "fenced":
                 queries.stop_now()
                 self.report(queries.committed(), committed=False, state="STOPPED")
@@ -324,13 +309,7 @@ class Driver:
                     if state == "STOP":
                         self._patiently(partial(self.report, now, committed=False, state="STOPPED"))
                     return True
-                ahead = self.unfenced_sinks_ahead(stages, checkpoint_root, now)
-                if ahead:  # a successor's batch reached a sink nothing fences: running on would skip or repeat it
-                    print(ahead, file=sys.stderr, flush=True)
-                    self.fail(ahead)
-                    return False
                 queries.start()
-                self._confirmed_at = time.monotonic()  # the lease's decision to resume said it is current
                 continue
             failure = queries.failure()
             if failure is not None:
@@ -358,60 +337,9 @@ class Driver:
             time.sleep(LOOP_SECONDS)
 
     def _patiently(self, call: Callable[[], T]) -> T:
-        """A registry call of the running loop: waited for, fencing this run itself if the wait grows long."""
-        return patiently(call, self.registry, while_waiting=self._while_waiting)
-
-    def confirm(self, queries: StageQueries) -> str:
-        """`stop_state`, waited for while the registry does not answer. Past `self_fence_seconds` without an answer,
-        the queries of sinks nothing fences stop (a fenced sink's writes already wait for the registry), so that
-        they have stopped before the control plane may declare this run lost and let a successor write: the
-        driver fences itself. They start again once the registry says this run is still its job's current one."""
-        state = self._patiently(self.stop_state)
-        self._confirmed_at = time.monotonic()
-        if self._self_fenced_at is not None:
-            stopped, seconds = self._self_fenced, time.monotonic() - self._self_fenced_at
-            self._self_fenced, self._self_fenced_at = [], None
-            if state != "fenced":
-                queries.start(only=stopped)
-            self._patiently(partial(self.record_self_fence, stopped, seconds, state))
-        return state
-
-    def fence_self(self, queries: StageQueries, unfenced: list[str]) -> None:
-        unconfirmed = time.monotonic() - self._confirmed_at
-        if unconfirmed < self.self_fence_seconds or self._self_fenced_at is not None:
-            return
-        self._self_fenced_at = time.monotonic()
-        self._self_fenced = queries.stop_now(only=unfenced)
-        log.error("job %s run %s: not confirmed as its job's current run for %.0f s (the registry does not answer): "
-                  "stopped its unfenced queries %s until it does", self.job, self.run_id, unconfirmed,
-                  self._self_fenced)
-
-    def record_self_fence(self, stopped: list[str], seconds: float, state: str) -> None:
-        with session_scope(self.url) as s:
-            audit.record(s, "job.self_fenced", "job", self.job, outcome="ok", run=self.run_id, stages=stopped,
-                         seconds=round(seconds, 1), then="stopped" if state == "fenced" else "resumed",
-                         reason=f"the registry did not confirm the run as current for {self.self_fence_seconds:.0f} "
-                                "s or more")
-
-    def unfenced_sinks_ahead(self, stages: list[Stage], checkpoint_root: Path,
-                             progress: dict[str, int | None]) -> str | None:
-        """Why this run must not resume where it parked: a sink it cannot fence shows a batch past its own, written
-        by a successor that then ended before its first batch was done. None when every such sink is where it was."""
-        for stage in stages:
-            if stage.sink.fenced:
-                continue
-            written = stage.sink.progress(WriteContext(self.url, self.job, stage.name, self.run_id))
-            # a batch this run had planned (offsets written) is replayed with the same offsets: the sink may have it
-            own = max((b for b in (progress.get(stage.name), checkpoints.last_offsets(checkpoint_root / stage.name))
-                       if b is not None), default=None)
-            if written is not None and (own is None or written > own):
-                return (f"resume of job {self.job}'s run {self.run_id} where it parked: the {stage.sink.kind} sink "
-                        f"of stage {stage.name} shows batch {written}, past this run's batches (through {own}), "
-                        "written by a successor that ended before its first batch was done, so resuming would skip "
-                        "or repeat that batch. "
-                        f"Resume it from its newest savepoint: `changeover submit CODE --name {self.job} "
-                        "--from-savepoint NAME --rewind-sink`")
-        return None
+        """A registry call of the running loop, waited for while the registry does not answer. The queries run on
+        meanwhile: every sink's write waits for the registry inside the fence, so none lands unconfirmed."""
+        return patiently(call, self.registry)
 
     def _park(self, progress: dict[str, int | None], checkpoint_root: Path) -> bool:
         """Stopped at a batch boundary: wait, holding the lease, until handed off (False) or resumed (True)."""
@@ -515,15 +443,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--standby", action="store_true", help="a warm successor: wait for the checkpoint")
     parser.add_argument("--lease-seconds", type=float)
     parser.add_argument("--stop-deadline", type=float, default=60.0)
-    parser.add_argument("--self-fence-seconds", type=float)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import SparkSession
 
     parent = os.getppid()  # the driver JVM that runs this Python
-    driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds, args.stop_deadline,
-                    args.self_fence_seconds)
+    driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds, args.stop_deadline)
     patiently(partial(driver.record_submission, Path.cwd()), driver.registry)
     spark = SparkSession.builder.appName(f"changeover-{args.job}").getOrCreate()
     # alive from the session's start: a parked predecessor then waits for this run to start

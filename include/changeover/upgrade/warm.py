@@ -8,8 +8,7 @@ a cold move, and the restored checkpoint is handed to the standby, which starts 
 
 Nothing is lost either way. A standby not ready in time is dismissed before the job is ever stopped, and the move
 goes cold. A standby that fails after the handoff, before its first batch is done, hands the job back to the parked
-run, at the batch of the savepoint (`handoff.lease`; a sink that cannot be fenced is claimed first, so the parked
-run waits for that batch rather than write beside it).
+run, at the batch of the savepoint (`handoff.lease`); every sink refuses the standby's writes from then on.
 """
 
 from __future__ import annotations

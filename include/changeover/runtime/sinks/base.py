@@ -29,10 +29,8 @@ class Sink(ABC):
     # exactly-once: replayed batches are recognised and skipped; idempotent: written again with the same
     # result; at-least-once: a replayed batch is delivered twice.
     guarantee: str
-    # Whether Changeover can refuse a superseded run's write inside the write itself. An unfenced sink makes
-    # a successor claim the job before its queries start: the run it replaces then waits for the successor's first
-    # batch, and comes back only if the successor ends before it (`lease.claim`).
-    fenced: ClassVar[bool]
+    output_modes: ClassVar[tuple[str, ...]] = ("append", "update", "complete")
+    # Every sink's write refuses a superseded run's batch inside the write itself (`handoff.fence`).
 
     @abstractmethod
     def attach(self, frame: Any, context: WriteContext) -> Any:

@@ -1,24 +1,40 @@
-"""Spark's own file sink (parquet, json, csv) and its `_spark_metadata` log.
+"""Files (parquet, json, csv, ...) under a folder, listed by the `_spark_metadata` log that Spark's file sink
+keeps and Spark's reader trusts: a file the log does not list is never read.
 
-The log makes the sink exactly-once: a batch id already in it is skipped. That is also its trap: restored to
-an older savepoint, the query replays batches the log has, and Spark skips them silently. So a savepoint keeps
-the log as of its batch, and a rewind deletes the data files that later entries added and puts that log back.
+Each micro-batch is written by Spark's batch writer into a staging folder, then committed inside the fence: its
+files are moved into place and the batch's log entry is added by Spark's own `FileStreamSinkLog`. A superseded run
+never lands a batch in the log, and what it staged or moved without logging is never read. The log makes the sink
+exactly-once: a batch id already in it is skipped. That is also its trap: restored to an older savepoint, the query
+replays batches the log has. So a savepoint keeps the log as of its batch, and a rewind deletes the data files that
+later entries added and puts that log back.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import shutil
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlparse
 
+from changeover import faults
 from changeover.errors import ChangeoverError
-from changeover.runtime.sinks.base import Sink, WriteContext
+from changeover.handoff import fence
+from changeover.registry.db import patiently
+from changeover.runtime.sinks.base import Sink, WriteContext, run_without_writing
 
 FORMATS = ("parquet", "json", "csv", "orc", "text")
 LOG = "_spark_metadata"
+STAGING = "_changeover_staging"  # "_": hidden from Spark's reader, with or without the log
+
+
+def written_name(run_id: int, name: str) -> str:
+    """A committed data file's name: it says which run wrote it, for `Files.written_by`."""
+    return f"run{run_id}-{name}"
 
 
 def _log_batch(name: str) -> int | None:
@@ -49,7 +65,7 @@ class Files(Sink):
     partition_by: tuple[str, ...] = ()
     options: dict[str, str] = field(default_factory=dict)
     kind: ClassVar[str] = "files"
-    fenced: ClassVar[bool] = False
+    output_modes: ClassVar[tuple[str, ...]] = ("append",)  # as Spark's own file sink: files are never rewritten
     guarantee: str = "exactly-once"
 
     def __post_init__(self) -> None:
@@ -63,12 +79,56 @@ class Files(Sink):
                                   "pick one of those")
 
     @property
+    def root(self) -> Path:
+        return Path(urlparse(self.path).path if self.path.startswith("file:") else self.path)
+
+    @property
     def log(self) -> Path:
-        return Path(urlparse(self.path).path if self.path.startswith("file:") else self.path) / LOG
+        return self.root / LOG
 
     def attach(self, frame: Any, context: WriteContext) -> Any:
-        writer = frame.writeStream.format(self.format).option("path", self.path).options(**self.options)
-        return writer.partitionBy(*self.partition_by) if self.partition_by else writer
+        return frame.writeStream.foreachBatch(functools.partial(self.write, context=context))
+
+    def write(self, batch: Any, batch_id: int, context: WriteContext) -> bool:
+        """Write one micro-batch; False when the log has it already (a replay). Staged by this call alone (a
+        folder of its own), then committed inside the fence, waiting out a registry that does not answer."""
+        if batch_id <= _or_before(self.progress(context)):
+            run_without_writing(batch)
+            return False
+        staging = self.root / STAGING / f"run{context.run_id}-batch{batch_id}-{uuid.uuid4().hex[:12]}"
+        writer = batch.write.format(self.format).options(**self.options)
+        (writer.partitionBy(*self.partition_by) if self.partition_by else writer).save(str(staging))
+        staged = sorted(str(p.relative_to(staging)) for p in staging.rglob("*")
+                        if p.is_file() and not p.name.startswith(("_", ".")))
+        try:
+            return patiently(functools.partial(self._commit, batch.sparkSession, context, batch_id, staging, staged),
+                             f"job {context.job} stage {context.stage} batch {batch_id}: the registry")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _commit(self, spark: Any, context: WriteContext, batch_id: int, staging: Path, staged: list[str]) -> bool:
+        """Move the staged files into place and add the batch's log entry, under the job row's lock. Safe to
+        repeat: a file already moved stays moved, and a batch the log has is not added again."""
+        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id):
+            if batch_id <= _or_before(self.progress(context)):
+                return False
+            placed = []
+            for relative in staged:
+                folder, name = os.path.split(relative)
+                target = self.root / folder / written_name(context.run_id, name)
+                for source, moved in ((staging / folder / f".{name}.crc", target.with_name(f".{target.name}.crc")),
+                                      (staging / relative, target)):  # Hadoop's checksum first: it is read first
+                    if source.exists():
+                        moved.parent.mkdir(parents=True, exist_ok=True)
+                        source.replace(moved)
+                placed.append(target)
+            faults.reached_in_job("files.placed")  # in place, not yet in the log: never read
+            _add_to_log(spark, self.log, batch_id, placed)
+            return True
+
+    def written_by(self, context: WriteContext) -> bool:
+        marker = f"/{written_name(context.run_id, '')}"
+        return any(marker in path for path in log_entries(self.log))
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "guarantee": self.guarantee, "path": self.path, "format": self.format,
@@ -106,3 +166,23 @@ class Files(Sink):
 
     def redirected(self, suffix: str) -> Files:
         return replace(self, path=f"{self.path.rstrip('/')}__{suffix}")
+
+
+def _or_before(batch: int | None) -> int:
+    return -1 if batch is None else batch
+
+
+def _add_to_log(spark: Any, log: Path, batch_id: int, placed: list[Path]) -> None:
+    """Spark's own `FileStreamSinkLog` adds the entry (and compacts every tenth), so Spark's reader reads it as it
+    reads what Spark's file sink writes."""
+    jvm = spark._jvm
+    sinks = jvm.org.apache.spark.sql.execution.streaming.sinks
+    statuses = spark.sparkContext._gateway.new_array(sinks.SinkFileStatus, len(placed))
+    for index, path in enumerate(placed):
+        st = path.stat()
+        statuses[index] = sinks.SinkFileStatus(path.as_uri(), st.st_size, False, int(st.st_mtime * 1000), 1,
+                                               32 * 1024 * 1024, "add")
+    sink_log = sinks.FileStreamSinkLog(1, spark._jsparkSession, str(log), jvm.scala.Option.apply(None))
+    if not sink_log.add(batch_id, statuses):
+        raise ChangeoverError(f"log entry of batch {batch_id} in {log}", "another writer added it first, inside "
+                              "the fence", "nothing to do: the batch is written; report this as a bug")

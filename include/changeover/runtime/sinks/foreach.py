@@ -53,7 +53,6 @@ class ForeachBatch(Sink):
     function: BatchFunction | None
     guarantee: str = "at-least-once"
     kind: ClassVar[str] = "foreach"
-    fenced: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.guarantee not in ("idempotent", "at-least-once"):

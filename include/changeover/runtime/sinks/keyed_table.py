@@ -223,7 +223,6 @@ class KeyedTable(Sink):
     keys: tuple[str, ...]
     chunk_rows: int = 10_000
     kind: ClassVar[str] = "keyed_table"
-    fenced: ClassVar[bool] = True
     guarantee: str = "exactly-once"
 
     def __post_init__(self) -> None:

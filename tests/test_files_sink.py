@@ -1,0 +1,141 @@
+"""The file sink is fenced inside its write: each batch is staged by Spark's batch writer, then its files are moved
+into place and its `_spark_metadata` entry added under the job row's lock. So its write waits out a registry
+restart and lands once, a superseded run's batch never reaches the log, and files placed but never logged (a
+driver killed between the two) are never read.
+
+The driver's loop runs in the test's process on a local Spark session, against a PostgreSQL registry of the test's
+own, stopped and started again for the outage (a worker-hosted driver runs the same code).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from changeover import audit
+from changeover.cluster import wait_for
+from changeover.handoff.fence import Fenced
+from changeover.registry.db import forget_engines, session_scope
+from changeover.registry.models import Job, JobRun
+from changeover.registry.schema import migrate
+from changeover.runtime.contract import Stage
+from changeover.runtime.driver import Driver
+from changeover.runtime.sinks import Files, WriteContext, files
+from changeover.settings import Settings
+from pg_server import Server, own_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with own_server() as started:
+        migrate(started.url)
+        yield started
+
+
+@pytest.fixture(scope="module")
+def spark(local_spark: Any) -> Any:
+    return local_spark
+
+
+def _current_run(url: str, job: str, version: str) -> int:
+    with session_scope(url) as s:
+        if s.get(Job, job) is None:
+            s.add(Job(name=job, module="m", fault_tolerant=True, block_shutdown=False, options={}))
+            s.flush()
+        run = JobRun(job=job, spark_version=version, master_url="local", state="RUNNING", progress={})
+        s.add(run)
+        s.flush()
+        s.get(Job, job).make_current(run)
+        return run.id
+
+
+def _read(spark: Any, out: Path) -> list[str]:
+    """What Spark's reader sees: the files the sink's log lists, and only those."""
+    return sorted(r.key for r in spark.read.schema("key string").parquet(str(out)).collect()) if out.is_dir() else []
+
+
+def test_a_file_sinks_batch_waits_out_a_registry_restart_and_lands_once(
+        server: Server, spark: Any, tmp_path: Path) -> None:
+    settings = Settings.from_env(home=tmp_path / "home", database_url=server.url)
+    run_id = _current_run(server.url, "outage", spark.version)
+    landing, out = tmp_path / "landing", tmp_path / "out"
+    landing.mkdir()
+
+    def land(name: str, keys: list[str]) -> None:
+        (landing / f"{name}.json").write_text("".join(f'{{"key": "{k}"}}\n' for k in keys))
+
+    land("0", ["a", "b"])
+    frame = spark.readStream.schema("key string").json(str(landing))
+    sink = Files(str(out))
+    driver = Driver(settings, "outage", run_id)
+    outcome: list[Any] = []
+    loop = threading.Thread(target=lambda: outcome.append(driver.run_streaming(
+        [Stage("events", frame, sink, trigger="0.2 seconds")], tmp_path / "ckpt", spark=spark)), daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: _read(spark, out) == ["a", "b"], 120, "the first batch in the file sink")
+        server.stop()
+        try:
+            land("1", ["c"])  # its batch is staged, and waits for the registry to commit
+            wait_for(lambda: any((out / files.STAGING).glob("*/*.parquet")), 60, "the second batch staged")
+            assert _read(spark, out) == ["a", "b"]
+        finally:
+            server.start()
+        wait_for(lambda: _read(spark, out) == ["a", "b", "c"], 120, "the staged batch committed once the registry "
+                 "is back")
+        forget_engines()
+
+        with session_scope(server.url) as s:
+            s.get(Job, "outage").desired = "STOP"
+        loop.join(120)
+        assert outcome == [True]
+        assert sink.progress(WriteContext(server.url, "outage", "events", run_id)) == 1  # two batches, each once
+    finally:
+        if loop.is_alive():
+            with session_scope(server.url) as s:
+                s.get(Job, "outage").current_run_id = None  # fenced: the loop stops its queries and returns
+            loop.join(60)
+
+
+def test_files_placed_but_never_logged_are_never_read_and_a_superseded_run_lands_nothing(
+        server: Server, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver killed between moving a batch's files into place and adding its log entry, played by a log write
+    that raises (a SIGKILL at that point cannot be aimed from here)."""
+    run_id = _current_run(server.url, "placed", spark.version)
+    out = tmp_path / "out"
+    sink, context = Files(str(out), partition_by=("part",)), WriteContext(server.url, "placed", "events", run_id)
+    batch = spark.createDataFrame([("a", 1), ("b", 2)], "key string, part int")
+    assert sink.write(batch, 0, context)
+    logged = set(out.rglob("run*.parquet"))
+    add = files._add_to_log
+
+    def killed(*args: Any) -> None:
+        raise SystemExit("killed before the log entry")
+
+    monkeypatch.setattr(files, "_add_to_log", killed)
+    with pytest.raises(SystemExit):
+        sink.write(spark.createDataFrame([("c", 1)], "key string, part int"), 1, context)
+    placed = set(out.rglob("run*.parquet")) - logged
+    assert placed and all(p.parent.name == "part=1" for p in placed)  # batch 1's file, in its partition's folder
+    assert _read(spark, out) == ["a", "b"]
+
+    monkeypatch.setattr(files, "_add_to_log", add)
+    assert sink.write(spark.createDataFrame([("c", 1)], "key string, part int"), 1, context)
+    assert not sink.write(spark.createDataFrame([("c", 1)], "key string, part int"), 1, context)  # a replay
+    assert _read(spark, out) == ["a", "b", "c"]
+    assert sink.progress(context) == 1
+
+    successor = _current_run(server.url, "placed", spark.version)  # the run is superseded: its batch never lands
+    with pytest.raises(Fenced, match=f"write of batch 2 of stage events of job placed by run {run_id}"):
+        sink.write(spark.createDataFrame([("d", 2)], "key string, part int"), 2, context)
+    assert _read(spark, out) == ["a", "b", "c"] and sink.progress(context) == 1
+    assert not list((out / files.STAGING).rglob("*.parquet"))  # what it staged is gone
+    refused = [e for e in audit.find(server.url, job="placed") if e.action == "sink.fenced"]
+    assert [(e.details["run"], e.details["batch"]) for e in refused] == [(run_id, 2)]
+    assert sink.written_by(context)
+    assert not sink.written_by(WriteContext(server.url, "placed", "events", successor))
