@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from changeover.errors import ChangeoverError
 from changeover.runtime import checkpoints
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -405,6 +406,12 @@ def test_a_source_log_entry_no_offsets_name_is_left_to_be_planned_again(tmp_path
                                                                                         "9.compact"]})
     kept = _kept(stage, tmp_path / "copy", 8)
     assert "sources/0/8" in kept and "sources/0/9.compact" not in kept
+
+
+def test_an_offset_log_in_a_format_it_cannot_read_is_refused_not_pruned_by_guess(tmp_path: Path) -> None:
+    stage = _stage(tmp_path / "stage", {0: "v2\n{}"}, range(1), {"0": ["0"]})
+    with pytest.raises(ChangeoverError, match=r"format v2, and Changeover reads only format v1.*formatVersion=1"):
+        _kept(stage, tmp_path / "copy", 0)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from changeover import audit
 from changeover.cluster import wait_for
+from changeover.errors import ChangeoverError
 from changeover.handoff.fence import Fenced
 from changeover.registry.db import forget_engines, session_scope
 from changeover.registry.models import Job, JobRun
@@ -139,3 +140,28 @@ def test_files_placed_but_never_logged_are_never_read_and_a_superseded_run_lands
     assert [(e.details["run"], e.details["batch"]) for e in refused] == [(run_id, 2)]
     assert sink.written_by(context)
     assert not sink.written_by(WriteContext(server.url, "placed", "events", successor))
+
+
+def test_a_batch_id_the_log_has_is_skipped_only_when_planned_from_the_same_offsets(
+        server: Server, spark: Any, tmp_path: Path) -> None:
+    """Skipping a logged batch id is right for a replay (the same source offsets) and loses rows otherwise (a run
+    that planned that id from other offsets): then the write fails, naming both and the way on."""
+    first = _current_run(server.url, "replayed", spark.version)
+    out = tmp_path / "out"
+    sink = Files(str(out))
+
+    def context(run: int, log_offset: int) -> WriteContext:
+        checkpoint = tmp_path / f"checkpoint-{run}-{log_offset}"
+        (checkpoint / "offsets").mkdir(parents=True)
+        (checkpoint / "offsets" / "0").write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{log_offset}}}')
+        return WriteContext(server.url, "replayed", "events", run, str(checkpoint))
+
+    rows = spark.createDataFrame([("a",)], "key string")
+    assert sink.write(rows, 0, context(first, 3))
+    second = _current_run(server.url, "replayed", spark.version)
+    assert not sink.write(rows, 0, context(second, 3))  # a replay: the same offsets, skipped
+    with pytest.raises(ChangeoverError, match=r"replay of batch 0 .* by run \d+ .*from run \d+, planned from other "
+                                              r'source offsets \(\{"logOffset":3\}, not \{"logOffset":4\}\).*'
+                                              r"--rewind-sink"):
+        sink.write(rows, 0, context(second, 4))
+    assert _read(spark, out) == ["a"]

@@ -244,10 +244,11 @@ def _left_to_its_successor(settings: Settings, old: int, new: int) -> None:
 def test_a_successor_whose_batch_only_the_file_sinks_log_holds_is_not_undone_by_a_reclaim(
         settings: Settings, tmp_path: Path) -> None:
     """A file sink's log entry lands before the registry's transaction commits (the fence holds the job row's lock
-    around both). The successor died between the two: the parked run reads the log, where each data file is named by
-    the run that wrote it, and leaves the job to the successor's checkpoint."""
+    around both). The successor died between the two: the parked run reads the sink's record of which run committed
+    each batch, and leaves the job to the successor's checkpoint. The successor's batch is an empty one: it lists
+    no data file that could tell its writer."""
     from changeover.runtime import Files
-    from changeover.runtime.sinks.files import written_name
+    from changeover.runtime.sinks.files import BATCHES
 
     out = tmp_path / "out"
     old = _job_with_parked_run(settings, lease_left=3600)
@@ -259,11 +260,10 @@ def test_a_successor_whose_batch_only_the_file_sinks_log_holds_is_not_undone_by_
         successor.state, successor.ended_at = "KILLED", utcnow()  # died after its log entry
 
     def log_entry(batch: int, run: int) -> None:
-        (out / "_spark_metadata").mkdir(parents=True, exist_ok=True)
-        path = (out / written_name(run, "part-00000.parquet")).as_uri()
-        (out / "_spark_metadata" / str(batch)).write_text(f'v1\n{{"path":"{path}","size":1,"isDir":false,'
-                                                          '"modificationTime":0,"blockReplication":1,'
-                                                          '"blockSize":1,"action":"add"}\n')
+        for folder in ("_spark_metadata", BATCHES):
+            (out / folder).mkdir(parents=True, exist_ok=True)
+        (out / BATCHES / f"{batch}.run{run}").write_text('{"sources": ["{\\"logOffset\\":5}"]}')
+        (out / "_spark_metadata" / str(batch)).write_text("v1\n")  # an empty batch: no file listed
 
     log_entry(4, old)  # the parked run's own batch: says nothing about the successor
     _reclaimed_then_parked_again(settings, old, new, "events")

@@ -491,9 +491,6 @@ def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: Lo
         jobs.wait_until_committed(settings, cluster, "false_death")
     finally:
         generator.stop()
-    refused = {e.details["run"] for e in audit.find(settings.database_url, job="false_death")
-               if e.action == "sink.fenced"}
-    assert refused <= {first.id}  # a refusal, if any, is of the run declared lost
     truth = dict(generator.truth)
     seqs = {f * 1000 + i for f in range(generator.files) for i in range(generator.events_per_file)}
     wait_for(lambda: {r["key"]: int(r["count"]) for r in KeyedTable(settings.database_url, "false_death_totals",

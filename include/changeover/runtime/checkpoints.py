@@ -27,6 +27,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from changeover.errors import ChangeoverError
 from changeover.registry.models import utcnow
 from changeover.settings import Settings
 
@@ -84,10 +85,15 @@ def keep(relative: str, batch: int, log_ends: dict[str, int] | None = None) -> b
 def source_log_ends(stage: Path, batch: int) -> dict[str, int]:
     """Each file source's `logOffset` in the offsets of `batch` (sources/<i> by i), from Spark's offset log:
     a version line, the batch's metadata, then one line per source. Sources of other kinds are left out."""
+    entry = stage / "offsets" / str(batch)
     try:
-        lines = (stage / "offsets" / str(batch)).read_text().splitlines()
+        lines = entry.read_text().splitlines()
     except OSError:
         return {}
+    if lines and lines[0] != "v1":
+        raise ChangeoverError(f"checkpoint {stage}", f"its offset log entry {entry} is in format {lines[0]}, and "
+                              "Changeover reads only format v1 (Spark's default) to tell which source log entries "
+                              "a batch holds", "run the job with spark.sql.streaming.offsetLog.formatVersion=1")
     ends = {}
     for index, line in enumerate(lines[2:]):
         try:

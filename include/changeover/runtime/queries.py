@@ -31,7 +31,7 @@ class StageQueries:
         for stage in self.stages:
             if only is not None and stage.name not in only:
                 continue
-            context = WriteContext(self.registry_url, self.job, stage.name, self.run_id)
+            context = WriteContext(self.registry_url, self.job, stage.name, self.run_id, str(self.root / stage.name))
             self.queries[stage.name] = (
                 stage.sink.attach(stage.frame, context).queryName(stage.name)
                 .outputMode(stage.output_mode)

@@ -1,7 +1,7 @@
 """Sinks with a declared delivery guarantee.
 
-A declaration tells Changeover how to attach the sink to a query, whether its writes can be fenced, how far
-it has written (to tell whether it is ahead of a savepoint), how to rewind it to a savepoint's batch, and
+A declaration tells Changeover how to attach the sink to a query (its write holds the fence: `handoff.fence`), how
+far it has written (to tell whether it is ahead of a savepoint), how to rewind it to a savepoint's batch, and
 where to send its writes for a read-only run (`redirected`). The control plane rebuilds a declaration from
 the description the driver recorded (`from_description`), without the job's code.
 """

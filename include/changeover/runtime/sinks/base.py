@@ -22,6 +22,7 @@ class WriteContext:
     job: str
     stage: str
     run_id: int  # the writing run (its fencing epoch is read under the fence: `fence.Held.epoch`)
+    checkpoint: str | None = None  # the stage's checkpoint folder, where Spark logs each batch's offsets
 
 
 class Sink(ABC):

@@ -30,6 +30,7 @@ from changeover.runtime.sinks.base import Sink, WriteContext, run_without_writin
 FORMATS = ("parquet", "json", "csv", "orc", "text")
 LOG = "_spark_metadata"
 STAGING = "_changeover_staging"  # "_": hidden from Spark's reader, with or without the log
+BATCHES = "_changeover_batches"  # <batch>.run<id>: which run committed each batch, from which source offsets
 
 
 def written_name(run_id: int, name: str) -> str:
@@ -93,14 +94,15 @@ class Files(Sink):
         """Write one micro-batch; False when the log has it already (a replay). Staged by this call alone (a
         folder of its own), then committed inside the fence, waiting out a registry that does not answer."""
         if batch_id <= _or_before(self.progress(context)):
+            self._require_same_replay(context, batch_id)
             run_without_writing(batch)
             return False
         staging = self.root / STAGING / f"run{context.run_id}-batch{batch_id}-{uuid.uuid4().hex[:12]}"
-        writer = batch.write.format(self.format).options(**self.options)
-        (writer.partitionBy(*self.partition_by) if self.partition_by else writer).save(str(staging))
-        staged = sorted(str(p.relative_to(staging)) for p in staging.rglob("*")
-                        if p.is_file() and not p.name.startswith(("_", ".")))
         try:
+            writer = batch.write.format(self.format).options(**self.options)
+            (writer.partitionBy(*self.partition_by) if self.partition_by else writer).save(str(staging))
+            staged = sorted(str(p.relative_to(staging)) for p in staging.rglob("*")
+                            if p.is_file() and not p.name.startswith(("_", ".")))
             return patiently(functools.partial(self._commit, batch.sparkSession, context, batch_id, staging, staged),
                              f"job {context.job} stage {context.stage} batch {batch_id}: the registry")
         finally:
@@ -123,12 +125,39 @@ class Files(Sink):
                         source.replace(moved)
                 placed.append(target)
             faults.reached_in_job("files.placed")  # in place, not yet in the log: never read
+            self._record(context, batch_id)
             _add_to_log(spark, self.log, batch_id, placed)
             return True
 
+    def _record(self, context: WriteContext, batch_id: int) -> None:
+        """Which run commits this batch, from which offsets: written before the log entry, so a batch the log has
+        always has its record (an empty batch lists no file to tell its writer by)."""
+        records = self.root / BATCHES
+        records.mkdir(parents=True, exist_ok=True)
+        for earlier in records.glob(f"{batch_id}.run*"):  # a batch id written again after a rewind
+            earlier.unlink()
+        written = records / f".{batch_id}.run{context.run_id}.writing"
+        written.write_text(json.dumps({"sources": _source_offsets(context, batch_id)}))
+        written.replace(records / f"{batch_id}.run{context.run_id}")
+
+    def _require_same_replay(self, context: WriteContext, batch_id: int) -> None:
+        """A batch id the log has is skipped only when it is the same batch: planned from the same source offsets.
+        Planned from others (a run that resumed where another run had written, past its own plans), skipping it
+        would lose its rows, so the job fails instead, saying how to go on."""
+        ours = _source_offsets(context, batch_id)
+        for record in (self.root / BATCHES).glob(f"{batch_id}.run*"):
+            theirs = json.loads(record.read_text())["sources"]
+            if ours is not None and theirs is not None and ours != theirs:
+                writer = record.name.split(".run")[-1]
+                raise ChangeoverError(
+                    f"replay of batch {batch_id} of stage {context.stage} of job {context.job} by run "
+                    f"{context.run_id} into {self.path}", f"the sink's log has that batch id from run {writer}, "
+                    f"planned from other source offsets ({'; '.join(theirs)}, not {'; '.join(ours)}): skipping it "
+                    "would lose this run's rows", f"resume the job from its newest savepoint with the sink rewound: "
+                    f"`changeover submit CODE --name {context.job} --from-savepoint NAME --rewind-sink`")
+
     def written_by(self, context: WriteContext) -> bool:
-        marker = f"/{written_name(context.run_id, '')}"
-        return any(marker in path for path in log_entries(self.log))
+        return any((self.root / BATCHES).glob(f"*.run{context.run_id}"))
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "guarantee": self.guarantee, "path": self.path, "format": self.format,
@@ -162,6 +191,10 @@ class Files(Sink):
         shutil.rmtree(self.log, ignore_errors=True)
         if saved is not None:
             shutil.copytree(saved, self.log)
+        for record in (self.root / BATCHES).glob("*.run*"):
+            number = record.name.split(".")[0]
+            if number.isdigit() and (batch is None or int(number) > batch):
+                record.unlink()
         return f"deleted {len(doomed)} data file(s) written after batch {batch}; log trimmed to batch {batch}"
 
     def redirected(self, suffix: str) -> Files:
@@ -170,6 +203,16 @@ class Files(Sink):
 
 def _or_before(batch: int | None) -> int:
     return -1 if batch is None else batch
+
+
+def _source_offsets(context: WriteContext, batch_id: int) -> list[str] | None:
+    """The source lines of Spark's offset log entry for the batch (after its version and metadata lines)."""
+    if context.checkpoint is None:
+        return None
+    try:
+        return (Path(context.checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()[2:]
+    except OSError:
+        return None
 
 
 def _add_to_log(spark: Any, log: Path, batch_id: int, placed: list[Path]) -> None:
