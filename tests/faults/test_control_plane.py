@@ -456,46 +456,59 @@ def _parquet_listed_once(output: Path) -> list[dict[str, object]]:
     return [row for path in listed for row in pq.read_table(unquote(urlparse(path).path)).to_pylist()]
 
 
-def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: LocalCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mid_drain", [False, True], ids=["running", "mid-drain"])
+def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: LocalCluster, tmp_path: Path,
+                                                 mid_drain: bool) -> None:
     """The worker process of the job's member is SIGSTOPped until its master declares it lost (spark.worker.timeout,
     30 s): the master reports the job's driver ERROR while that driver, and its executors, still run (its output,
-    piped through the stopped worker, stalls it until the worker goes on). Recorded lost, the run is fenced. The job
-    is submitted again, as `changeover jobs` says to, and its successor copies the checkpoint: whatever the old
-    driver does after the worker goes on, every sink refuses its writes. No batch is lost or written twice: in the
-    keyed table, and in parquet, where every file Spark's reader sees is listed once in the sink's log. (Mid-drain
-    the same stall finds the job parked within seconds, and a parked run never writes.)"""
-    generator = Generator(settings.data_dir / "landing-false-death")
+    piped through the stopped worker, stalls it until the worker goes on). Recorded lost, the run is fenced.
+    Running, the job is submitted again, as `changeover jobs` says to; mid-drain (the stop asked as the worker
+    stalls, and the job parked), the drain goes on and continues it elsewhere. Either way its successor copies the
+    checkpoint, and whatever the old driver does after the worker goes on, every sink refuses its writes. No batch
+    is lost or written twice: in the keyed table, and in parquet, where every file Spark's reader sees is listed
+    once in the sink's log."""
+    name = "false_death_drain" if mid_drain else "false_death"
+    generator = Generator(settings.data_dir / f"landing-{name}")
     generator.write_file()
     generator.start(interval=0.5)
     output = tmp_path / "events"
-    jobs.submit(settings, cluster, str(USER_JOBS / "breaks_on_new_spark.py"), "false_death",
+    jobs.submit(settings, cluster, str(USER_JOBS / "breaks_on_new_spark.py"), name,
                 options={"landing": str(generator.landing), "output": str(output), "lease_seconds": 60})
-    first = jobs.wait_until_committed(settings, cluster, "false_death")
+    first = jobs.wait_until_committed(settings, cluster, name)
     assert first.member in ("a1", "a2")
     pid, _ticks = (settings.cluster_dir / "pids" / f"worker-{first.member}.pid").read_text().split()
     try:
         os.kill(int(pid), signal.SIGSTOP)  # the worker JVM only: the driver and executors under it go on
         try:
+            if mid_drain:
+                drain.step(settings, cluster, first.member, 30)  # the stop asked; nothing moves until the next step
+
             def declared_lost() -> bool:
-                run = jobs.refresh(settings, cluster, "false_death")
+                run = jobs.refresh(settings, cluster, name)
                 return run is not None and run.id == first.id and (run.error or "").startswith(
                     "its master reports ERROR")
 
             wait_for(declared_lost, 150, "the master declaring the job's worker, and so its driver, lost",
                      interval=1.0, retryable=())
-            assert drivers_of("false_death", first.id), "the driver declared lost is still running"
+            assert drivers_of(name, first.id), "the driver declared lost is still running"
         finally:
             os.kill(int(pid), signal.SIGCONT)
-        again = jobs.submit(settings, cluster, str(USER_JOBS / "breaks_on_new_spark.py"), "false_death")
-        assert again is not None and again.id != first.id
-        jobs.wait_until_committed(settings, cluster, "false_death")
+        if mid_drain:
+            with session_scope(settings.database_url) as s:
+                assert s.get(JobRun, first.id).parks == 1  # it had parked when its master declared it lost
+            _drain_until_done(settings, cluster, first.member, 600)
+            _moved_off(settings, cluster, name, first)
+        else:
+            again = jobs.submit(settings, cluster, str(USER_JOBS / "breaks_on_new_spark.py"), name)
+            assert again is not None and again.id != first.id
+        jobs.wait_until_committed(settings, cluster, name)
     finally:
         generator.stop()
     truth = dict(generator.truth)
     seqs = {f * 1000 + i for f in range(generator.files) for i in range(generator.events_per_file)}
-    wait_for(lambda: {r["key"]: int(r["count"]) for r in KeyedTable(settings.database_url, "false_death_totals",
+    wait_for(lambda: {r["key"]: int(r["count"]) for r in KeyedTable(settings.database_url, f"{name}_totals",
                                                                      keys=("key",)).read()} == truth,
              300, "the keyed table exact")
     wait_for(lambda: sorted(r["seq"] for r in _parquet_listed_once(output)) == sorted(seqs), 300,
              "every event in parquet once")
-    jobs.cancel(settings, cluster, "false_death", reason="test done")
+    jobs.cancel(settings, cluster, name, reason="test done")
