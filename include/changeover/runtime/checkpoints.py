@@ -83,26 +83,16 @@ def keep(relative: str, batch: int, log_ends: dict[str, int] | None = None) -> b
 
 
 def source_log_ends(stage: Path, batch: int) -> dict[str, int]:
-    """Each file source's `logOffset` in the offsets of `batch` (sources/<i> by i), from Spark's offset log:
-    a version line, the batch's metadata, then one line per source. Sources of other kinds are left out."""
-    entry = stage / "offsets" / str(batch)
-    try:
-        lines = entry.read_text().splitlines()
-    except OSError:
-        return {}
+    """Each file source's `logOffset` in the offsets of `batch` (sources/<i> by i). Sources of other kinds, and
+    sources with no offset yet ("-"), are left out."""
+    lines = _offset_entry(stage, batch)
     if lines and lines[0] != "v1":
-        raise ChangeoverError(f"checkpoint {stage}", f"its offset log entry {entry} is in format {lines[0]}, and "
-                              "Changeover reads only format v1 (Spark's default) to tell which source log entries "
-                              "a batch holds", "run the job with spark.sql.streaming.offsetLog.formatVersion=1")
-    ends = {}
-    for index, line in enumerate(lines[2:]):
-        try:
-            offset = json.loads(line)
-        except ValueError:  # "-": the source had no offset yet
-            continue
-        if isinstance(offset, dict) and isinstance(offset.get("logOffset"), int):
-            ends[str(index)] = offset["logOffset"]
-    return ends
+        raise ChangeoverError(f"checkpoint {stage}", f"its offset log entry {stage / 'offsets' / str(batch)} is in "
+                              f"format {lines[0]}, and Changeover reads only format v1 (Spark's default) to tell which "
+                              "source log entries a batch holds",
+                              "run the job with spark.sql.streaming.offsetLog.formatVersion=1")
+    return {str(index): offset["logOffset"] for index, offset in enumerate(_parsed(lines[2:]))
+            if isinstance(offset, dict) and isinstance(offset.get("logOffset"), int)}
 
 
 def materialise(source: str | Path, target: str | Path, *, link: bool = True) -> str | None:
@@ -267,10 +257,19 @@ def last_offsets(checkpoint: Path) -> int | None:
 
 def source_offsets(stage_checkpoint: Path, batch: int) -> list[object]:
     """The source offsets recorded for a batch: the lines after the header in offsets/<batch>."""
-    path = stage_checkpoint / "offsets" / str(batch)
-    if not path.exists():
+    return _parsed(_offset_entry(stage_checkpoint, batch)[2:])
+
+
+def _offset_entry(stage_checkpoint: Path, batch: int) -> list[str]:
+    """Spark's offset log entry of a batch, by line: a version line, the batch's metadata, then one line per
+    source ("-" for a source with no offset yet). Empty when the batch has none."""
+    try:
+        return (stage_checkpoint / "offsets" / str(batch)).read_text().splitlines()
+    except FileNotFoundError:
         return []
-    lines = path.read_text().splitlines()[2:]
+
+
+def _parsed(lines: list[str]) -> list[object]:
     return [json.loads(line) if line.startswith(("{", "[")) else line for line in lines]
 
 

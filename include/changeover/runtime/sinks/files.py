@@ -25,6 +25,7 @@ from changeover import faults
 from changeover.errors import ChangeoverError
 from changeover.handoff import fence
 from changeover.registry.db import patiently
+from changeover.runtime import checkpoints
 from changeover.runtime.sinks.base import Sink, WriteContext, run_without_writing
 
 FORMATS = ("parquet", "json", "csv", "orc", "text")
@@ -34,7 +35,7 @@ BATCHES = "_changeover_batches"  # <batch>.run<id>: which run committed each bat
 
 
 def written_name(run_id: int, name: str) -> str:
-    """A committed data file's name: it says which run wrote it, for `Files.written_by`."""
+    """A committed data file's name: it says which run wrote it, to whoever lists the folder."""
     return f"run{run_id}-{name}"
 
 
@@ -147,12 +148,12 @@ class Files(Sink):
         ours = _source_offsets(context, batch_id)
         for record in (self.root / BATCHES).glob(f"{batch_id}.run*"):
             theirs = json.loads(record.read_text())["sources"]
-            if ours is not None and theirs is not None and ours != theirs:
+            if ours and theirs and ours != theirs:
                 writer = record.name.split(".run")[-1]
                 raise ChangeoverError(
                     f"replay of batch {batch_id} of stage {context.stage} of job {context.job} by run "
                     f"{context.run_id} into {self.path}", f"the sink's log has that batch id from run {writer}, "
-                    f"planned from other source offsets ({'; '.join(theirs)}, not {'; '.join(ours)}): skipping it "
+                    f"planned from other source offsets ({_shown(theirs)}, not {_shown(ours)}): skipping it "
                     "would lose this run's rows", f"resume the job from its newest savepoint with the sink rewound: "
                     f"`changeover submit CODE --name {context.job} --from-savepoint NAME --rewind-sink`")
 
@@ -205,14 +206,13 @@ def _or_before(batch: int | None) -> int:
     return -1 if batch is None else batch
 
 
-def _source_offsets(context: WriteContext, batch_id: int) -> list[str] | None:
-    """The source lines of Spark's offset log entry for the batch (after its version and metadata lines)."""
-    if context.checkpoint is None:
-        return None
-    try:
-        return (Path(context.checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()[2:]
-    except OSError:
-        return None
+def _source_offsets(context: WriteContext, batch_id: int) -> list[object]:
+    """The batch's source offsets in its stage's checkpoint; empty when unknown."""
+    return checkpoints.source_offsets(Path(context.checkpoint), batch_id) if context.checkpoint else []
+
+
+def _shown(offsets: list[object]) -> str:
+    return "; ".join(o if isinstance(o, str) else json.dumps(o, separators=(",", ":")) for o in offsets)
 
 
 def _add_to_log(spark: Any, log: Path, batch_id: int, placed: list[Path]) -> None:
