@@ -107,6 +107,22 @@ def local_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     session.stop()
 
 
+def current_run(url: str, job: str, version: str = "4.2.0") -> int:
+    """A new RUNNING run made its job's current one (the job made first where missing): its id."""
+    from changeover.registry.db import session_scope
+    from changeover.registry.models import Job, JobRun
+
+    with session_scope(url) as s:
+        if s.get(Job, job) is None:
+            s.add(Job(name=job, module="m", fault_tolerant=True, block_shutdown=False, options={}))
+            s.flush()
+        run = JobRun(job=job, spark_version=version, master_url="spark://x", state="RUNNING", progress={})
+        s.add(run)
+        s.flush()
+        s.get(Job, job).make_current(run)
+        return run.id
+
+
 def drivers_of(job: str, run_id: int | None = None) -> list[psutil.Process]:
     """The Python driver processes of a job (of one run of it, where given) running on this machine."""
     wanted = f"--job {job} " + (f"--run-id {run_id} " if run_id is not None else "")

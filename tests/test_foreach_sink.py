@@ -10,25 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from changeover.registry.db import session_scope
-from changeover.registry.models import Job, JobRun
 from changeover.runtime import ForeachBatch
 from changeover.runtime.sinks import WriteContext
 from changeover.settings import Settings
+from conftest import current_run
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_replayed_batch_is_delivered_again_with_the_same_rows_and_the_query_goes_on(
         local_spark: Any, settings: Settings, tmp_path: Path) -> None:
-    with session_scope(settings.database_url) as s:
-        s.add(Job(name="j", module="m", fault_tolerant=True, block_shutdown=False, options={}))
-        s.flush()
-        run = JobRun(job="j", spark_version="4.2.0", master_url="local", state="RUNNING", progress={})
-        s.add(run)
-        s.flush()
-        s.get(Job, "j").make_current(run)
-        run_id = run.id
+    run_id = current_run(settings.database_url, "j")
     delivered: list[tuple[int, list[tuple[str, int]]]] = []
 
     def users_function(batch: Any, batch_id: int) -> None:

@@ -13,10 +13,11 @@ from changeover import audit
 from changeover.errors import ChangeoverError
 from changeover.handoff.fence import Fenced
 from changeover.registry.db import session_scope
-from changeover.registry.models import Job, JobRun
+from changeover.registry.models import Job
 from changeover.runtime import KeyedTable
 from changeover.runtime.sinks import WriteContext
 from changeover.settings import Settings
+from conftest import current_run
 
 pytestmark = pytest.mark.slow
 
@@ -27,15 +28,7 @@ def spark(local_spark: Any) -> Any:
 
 
 def _current_run(settings: Settings, job: str = "j") -> int:
-    with session_scope(settings.database_url) as s:
-        if s.get(Job, job) is None:
-            s.add(Job(name=job, module="m", fault_tolerant=True, block_shutdown=False, options={}))
-            s.flush()
-        run = JobRun(job=job, spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={})
-        s.add(run)
-        s.flush()
-        s.get(Job, job).make_current(run)
-        return run.id
+    return current_run(settings.database_url, job)
 
 
 def _write(spark: Any, sink: KeyedTable, settings: Settings, run: int, batch: int, rows: list[tuple[Any, ...]],

@@ -874,7 +874,7 @@ def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
 
     from changeover.registry import db
     from changeover.runtime import checkpoints
-    from changeover.runtime.driver import Driver, GaveUpLease
+    from changeover.runtime.driver import Driver, GaveUp
 
     if settings.database_url.startswith("postgresql"):
         refusing = settings.database_url.rsplit("/", 1)[0] + "/no_such_registry"
@@ -890,7 +890,7 @@ def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
 
     refused, root = parked_on(refusing), tmp_path / "refused-checkpoint"
     root.mkdir()
-    with pytest.raises(GaveUpLease, match="the registry refused it"):
+    with pytest.raises(GaveUp, match="the registry refused it"):
         refused._decide(root)
     assert (checkpoints.read_gave_up(root) or "").startswith("parked, it gave up its lease and ended after 0 s: "
                                                              "the registry refused it (")
@@ -899,7 +899,7 @@ def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
     root.mkdir()
     started = time.monotonic()
     try:
-        with pytest.raises(GaveUpLease, match="the registry did not answer"):
+        with pytest.raises(GaveUp, match="the registry did not answer"):
             while unanswered._decide(root) == "wait":
                 time.sleep(0.05)
     finally:

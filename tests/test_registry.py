@@ -106,3 +106,97 @@ def test_a_registry_migrated_by_a_newer_changeover_is_refused_with_what_to_insta
         connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
     with pytest.raises(ChangeoverError, match="newer than this code's .*install that Changeover version here too"):
         require_current(settings.database_url)
+
+
+def test_a_write_waits_for_the_fences_lock_within_a_bound_then_retries(settings: Settings, monkeypatch) -> None:  # noqa: ANN001
+    """A holder stuck inside the fence does not hang the writes waiting for it: past LOCK_WAIT_SECONDS the wait
+    fails with an error that `patiently` retries (and logs), and once the holder lets go the write gets in."""
+    import threading
+
+    import pytest
+    from changeover.handoff import fence
+    from changeover.registry import db
+    from changeover.registry.db import lock_row, patiently, session_scope, transient
+    from changeover.registry.models import Job
+    from conftest import current_run
+    from sqlalchemy.exc import OperationalError
+
+    url = settings.database_url
+    if not url.startswith("postgresql"):
+        pytest.skip("SQLite bounds every lock wait already: its busy timeout (60 s) is set on each connection")
+    run_id = current_run(url, "locked")
+    monkeypatch.setattr(db, "LOCK_WAIT_SECONDS", 0.5)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with session_scope(url) as s:
+            lock_row(s, Job, "locked")
+            holding.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        assert holding.wait(30)
+
+        def write() -> int:
+            with fence.hold(url, "locked", run_id, "events", 0) as held:
+                return held.epoch
+
+        with pytest.raises(OperationalError) as timed_out:
+            write()
+        assert timed_out.value.orig.sqlstate == "55P03" and transient(timed_out.value)
+        waits: list[BaseException] = []
+
+        def holder_lets_go(exc: BaseException) -> None:
+            waits.append(exc)
+            release.set()
+
+        assert patiently(write, "test", patience=30, while_waiting=holder_lets_go) == 1  # the first owner's epoch
+        assert len(waits) == 1 and waits[0].orig.sqlstate == "55P03"  # waited for once, then got in
+    finally:
+        release.set()
+        holder.join(30)
+
+
+def test_a_write_waiting_for_the_registry_gives_up_once_its_driver_stands_down() -> None:
+    """A batch waiting inside its write for a registry that does not answer stops waiting when the driver stands
+    down, so the driver's stop of its queries is not held up by it."""
+    import pytest
+    from changeover.runtime.sinks.base import StoodDown, WriteContext
+    from sqlalchemy.exc import OperationalError
+
+    context = WriteContext("sqlite://", "cutoff", "events", 7)
+    calls: list[int] = []
+
+    def away() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            context.stand_down.set()
+        raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+    with pytest.raises(StoodDown, match="write of stage events of job cutoff by run 7"):
+        context.patiently(away, "test")
+    assert len(calls) == 2  # waited for while the driver stood, given up at its stand-down
+
+
+def test_only_a_registry_that_does_not_answer_counts_as_away() -> None:
+    """A driver stands down for a registry that does not answer, never for a lock wait or a conflict, which a
+    registry that answers raises (it would stop a healthy job while another write holds the fence)."""
+    from changeover.registry.db import away, transient
+    from sqlalchemy.exc import OperationalError
+
+    class Coded(Exception):
+        def __init__(self, sqlstate: str) -> None:
+            super().__init__(sqlstate)
+            self.sqlstate = sqlstate
+
+    def error(orig: Exception) -> OperationalError:
+        return OperationalError("SELECT 1", {}, orig)
+
+    assert away(error(Exception("connection failed: Connection refused")))
+    assert away(error(Coded("57P01")))  # the server shutting down
+    assert away(error(Coded("08006")))  # the connection lost
+    for answered in (Coded("55P03"), Coded("40P01"), Coded("40001"), Exception("database is locked")):
+        assert transient(error(answered)) and not away(error(answered)), answered
+    assert not away(error(Coded("42P01")))  # a missing table: not transient at all

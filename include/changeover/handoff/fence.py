@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from changeover import audit
 from changeover.errors import ChangeoverError
-from changeover.registry.db import lock_row, session_scope
+from changeover.registry.db import bound_lock_waits, lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 
 
@@ -27,12 +28,19 @@ class Held:
     session: Session  # the registry transaction that holds the job row's lock
     epoch: int  # the writer's fencing epoch: larger for every later owner of the job
 
+    def confirm(self) -> None:
+        """Just before a write that lands outside the registry's transaction (a files sink's log entry): the lock is
+        still held. A connection lost since the lock was taken released it, so this raises the database's error,
+        and the caller's retry takes the lock again, rather than write while a successor may be current."""
+        self.session.execute(text("SELECT 1"))
+
 
 @contextmanager
 def hold(url: str, job: str, run_id: int, stage: str, batch_id: int) -> Iterator[Held]:
     """A registry transaction holding the job row's lock, entered only by the job's current run, live."""
     try:
         with session_scope(url) as s:
+            bound_lock_waits(s)
             row = lock_row(s, Job, job)
             if row is None or row.current_run_id != run_id:
                 raise Fenced(f"write of batch {batch_id} of stage {stage} of job {job} by run {run_id}",

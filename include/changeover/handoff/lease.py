@@ -44,6 +44,13 @@ def lost_after_seconds() -> float:
     return float(os.environ.get("CHANGEOVER_LOST_AFTER_SECONDS") or DEFAULT_LOST_AFTER_SECONDS)
 
 
+def self_fence_seconds() -> float:
+    """How long a running driver may go without confirming that it is its job's current run before it stops its
+    queries: half the loss deadline, so they have stopped before the control plane may record it lost for its
+    silence and let a successor write (the idea of Flink's leader sessions and Kafka's session timeout)."""
+    return lost_after_seconds() / 2
+
+
 def length_of(job: Job) -> float:
     """A job's lease length: its option lease_seconds, else the default."""
     return float((job.options or {}).get("lease_seconds") or lease_seconds())

@@ -341,7 +341,8 @@ def _submission(settings: Settings, runtime: Any, master: Any, job_name: str, ve
         app_args += ["--conf", f"{key}={value}"]
     app_args += [str(entry_script), "--job", job_name, "--run-id", str(run_id), "--module", module,
                  "--entry", entry, "--expected-version", version,
-                 "--lease-seconds", str(lease_seconds), "--stop-deadline", str(stop_deadline)]
+                 "--lease-seconds", str(lease_seconds), "--stop-deadline", str(stop_deadline),
+                 "--self-fence-seconds", str(lease.self_fence_seconds())]
     app_args += ["--checkpoint-root", str(checkpoint_root)] if checkpoint_root else []
     app_args += ["--standby"] if standby else []
     if allow_non_restored_state:
@@ -413,7 +414,8 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
             # The driver records its own failures before it exits; one that ended FAILED without a word was
             # killed or crashed (kill -9, the OOM killer), so its checkpoint is as whole as after a kill.
             observed = "KILLED"
-            run.error = "its driver ended without reporting a failure of its own: killed, or its process crashed"
+            run.error = checkpoints.read_gave_up(run.checkpoint_root) or (  # a driver that stood down, then gave up
+                "its driver ended without reporting a failure of its own: killed, or its process crashed")
         if status is not None and status.state in ("SUBMITTED", "RELAUNCHING"):
             return run  # queued for cores, or being relaunched: alive in its master's word, however long it waits
         if observed is None:  # no word either way

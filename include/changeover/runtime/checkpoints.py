@@ -173,7 +173,7 @@ def snapshot_pending(source: Path, target: Path, batch: int, prefix: str = "", *
     return stats
 
 
-GAVE_UP = ".gave-up"  # why a parked driver ended on its own: it could not tell the registry
+GAVE_UP = ".gave-up"  # why a parked or stood-down driver ended on its own: it could not reach the registry
 
 
 def write_gave_up(root: Path, reason: str) -> None:
@@ -184,7 +184,7 @@ def write_gave_up(root: Path, reason: str) -> None:
         written.write_text(reason)
         written.replace(root / GAVE_UP)
     except OSError as exc:
-        log.warning("could not leave the reason a parked run gave up beside its checkpoint %s: %s", root, exc)
+        log.warning("could not leave the reason a run gave up beside its checkpoint %s: %s", root, exc)
 
 
 def read_gave_up(root: str | Path | None) -> str | None:

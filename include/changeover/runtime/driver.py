@@ -94,21 +94,27 @@ def version_mismatch(job: str, actual: str, expected: str) -> str:
     )
 
 
-class GaveUpLease(Exception):
-    """A parked run ended itself: its registry refuses it, or has not answered for its whole patience. Not the job's
-    failure: the control plane, once it can, moves the job on from this run's checkpoint."""
+class GaveUp(Exception):
+    """A parked or stood-down run ended itself: its registry refuses it, or has not answered for its whole patience.
+    Not the job's failure: its queries are stopped, its checkpoint's last commit is a whole batch, and the job goes
+    on from it."""
 
 
 class Driver:
     def __init__(self, settings: Settings, job: str, run_id: int, lease_seconds: float | None = None,
-                 stop_deadline: float = 60.0) -> None:
+                 stop_deadline: float = 60.0, self_fence_seconds: float | None = None) -> None:
         self.settings = settings
         self.lease_seconds = lease_seconds if lease_seconds is not None else lease.lease_seconds()
         self.stop_deadline = stop_deadline
+        self.self_fence_seconds = self_fence_seconds if self_fence_seconds is not None else lease.self_fence_seconds()
         self.url = settings.database_url
         self.job = job
         self.run_id = run_id
         self._unanswered_since: float | None = None  # when the parked run's registry calls began to fail
+        self._queries: StageQueries | None = None  # the running loop's, for standing down
+        self._confirmed_at = time.monotonic()  # when the registry last said this run is its job's current one
+        self._stood_down_at: float | None = None
+        self._checkpoint_root: Path | None = None
 
     def record_submission(self, cwd: Path) -> None:
         """The second half of a launch whose answer was lost (its task killed after the master accepted it):
@@ -289,11 +295,12 @@ class Driver:
                           plans=described_plans), self.registry)
         took_over = False
         queries.start()
+        self._queries, self._checkpoint_root, self._confirmed_at = queries, checkpoint_root, time.monotonic()
         triggered = False
         described: set[str] = set()
         reported = time.monotonic()
         while True:
-            state = self._patiently(self.stop_state)
+            state = self.confirm(queries)
             if state == "fenced":
                 queries.stop_now()
                 self.report(queries.committed(), committed=False, state="STOPPED")
@@ -310,6 +317,7 @@ class Driver:
                         self._patiently(partial(self.report, now, committed=False, state="STOPPED"))
                     return True
                 queries.start()
+                self._confirmed_at = time.monotonic()  # the lease's decision to resume said it is current
                 continue
             failure = queries.failure()
             if failure is not None:
@@ -337,9 +345,62 @@ class Driver:
             time.sleep(LOOP_SECONDS)
 
     def _patiently(self, call: Callable[[], T]) -> T:
-        """A registry call of the running loop, waited for while the registry does not answer. The queries run on
-        meanwhile: every sink's write waits for the registry inside the fence, so none lands unconfirmed."""
-        return patiently(call, self.registry)
+        """A registry call of the running loop, waited for while the registry does not answer. Every sink's write
+        waits for the registry inside the fence meanwhile, so none lands unconfirmed; past `self_fence_seconds`
+        the driver stands down (`fence_self`). A driver that stood down ends itself when the registry refuses it or
+        has not answered for its whole patience: the job goes on from its checkpoint."""
+        try:
+            return patiently(call, self.registry, while_waiting=self.fence_self)
+        except TRANSIENT as exc:
+            if self._stood_down_at is None or self._checkpoint_root is None:
+                raise
+            answer = "refused it" if refused(exc) else "did not answer"
+            reason = (f"stood down, it ended after {time.monotonic() - self._confirmed_at:.0f} s without confirming "
+                      f"that it is its job's current run: the registry {answer} "
+                      f"({str(exc.orig or exc).strip().splitlines()[0]})")
+            log.error("job %s run %s: %s", self.job, self.run_id, reason)
+            checkpoints.write_gave_up(self._checkpoint_root, reason)
+            raise GaveUp(reason) from exc
+
+    def confirm(self, queries: StageQueries) -> str:
+        """`stop_state`, waited for. A run that stood down starts its queries again once the registry says it is
+        still its job's current one and should run (its batches replay from the last commit)."""
+        state = self._patiently(self.stop_state)
+        self._confirmed_at = time.monotonic()
+        if self._stood_down_at is not None:
+            seconds, self._stood_down_at = time.monotonic() - self._stood_down_at, None
+            if state == "RUN":
+                queries.start()
+            self.record_stand_down(seconds, state)
+        return state
+
+    def fence_self(self, waited_for: BaseException) -> None:
+        """Between the running loop's retries: past `self_fence_seconds` without confirming that this run is its
+        job's current one, because the registry does not answer (not a lock or a conflict, which it answers with),
+        stop its queries, a batch waiting inside its write included, before the control plane may record the run
+        lost for its silence and let a successor write."""
+        queries = self._queries
+        if queries is None or not queries.queries or self._stood_down_at is not None or not db.away(waited_for):
+            return
+        unconfirmed = time.monotonic() - self._confirmed_at
+        if unconfirmed < self.self_fence_seconds:
+            return
+        self._stood_down_at = time.monotonic()
+        stopped = queries.stand_down_now()
+        log.error("job %s run %s: not confirmed as its job's current run for %.0f s (the registry does not answer): "
+                  "stopped its queries %s until it is", self.job, self.run_id, unconfirmed, stopped)
+
+    def record_stand_down(self, seconds: float, state: str) -> None:
+        """Best effort: the registry that just answered may be gone again, and the queries run meanwhile."""
+        then = {"RUN": "resumed", "fenced": "stopped"}.get(state, state.lower())
+        stages = [stage.name for stage in (self._queries.stages if self._queries else [])]
+        log.info("job %s run %s: confirmed after standing down %.0f s; %s", self.job, self.run_id, seconds, then)
+        try:
+            with session_scope(self.url) as s:
+                audit.record(s, "job.self_fenced", "job", self.job, outcome="ok", run=self.run_id, stages=stages,
+                             seconds=round(seconds, 1), then=then)
+        except TRANSIENT as exc:
+            log.warning("job %s run %s: its stand-down was not recorded (%s)", self.job, self.run_id, exc)
 
     def _park(self, progress: dict[str, int | None], checkpoint_root: Path) -> bool:
         """Stopped at a batch boundary: wait, holding the lease, until handed off (False) or resumed (True)."""
@@ -367,7 +428,7 @@ class Driver:
                           f"({str(exc.orig or exc).strip().splitlines()[0]})")
                 log.error("job %s run %s: %s", self.job, self.run_id, reason)
                 checkpoints.write_gave_up(checkpoint_root, reason)
-                raise GaveUpLease(reason) from exc
+                raise GaveUp(reason) from exc
             log.warning("%s: the database did not answer (%s); still parked", self.registry, exc)
             return "wait"
         self._unanswered_since = None
@@ -443,13 +504,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--standby", action="store_true", help="a warm successor: wait for the checkpoint")
     parser.add_argument("--lease-seconds", type=float)
     parser.add_argument("--stop-deadline", type=float, default=60.0)
+    parser.add_argument("--self-fence-seconds", type=float)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import SparkSession
 
     parent = os.getppid()  # the driver JVM that runs this Python
-    driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds, args.stop_deadline)
+    driver = Driver(Settings.from_env(), args.job, args.run_id, args.lease_seconds, args.stop_deadline,
+                    args.self_fence_seconds)
     patiently(partial(driver.record_submission, Path.cwd()), driver.registry)
     spark = SparkSession.builder.appName(f"changeover-{args.job}").getOrCreate()
     # alive from the session's start: a parked predecessor then waits for this run to start
@@ -484,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             run_script(args.module)
         driver.report({}, committed=False, state="FINISHED")
         return 0
-    except GaveUpLease:
+    except GaveUp:
         return 5  # its reason is beside its checkpoint; recording a failure would leave the job down
     except Exception as exc:
         if jvm_lost(exc, parent):

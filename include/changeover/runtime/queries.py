@@ -10,6 +10,7 @@ batch that runs longer) the stop is given up and the queries run on.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,16 @@ class StageQueries:
         self.stages, self.root = stages, checkpoint_root
         self.registry_url, self.job, self.run_id = registry_url, job, run_id
         self.queries: dict[str, Any] = {}
+        self.stand_down = threading.Event()  # set: every write of the running queries waiting for the registry gives up
 
     def start(self, only: list[str] | None = None) -> None:
+        if self.stand_down.is_set():  # a new one: a write of the stopped queries that still waits keeps giving up
+            self.stand_down = threading.Event()
         for stage in self.stages:
             if only is not None and stage.name not in only:
                 continue
-            context = WriteContext(self.registry_url, self.job, stage.name, self.run_id, str(self.root / stage.name))
+            context = WriteContext(self.registry_url, self.job, stage.name, self.run_id, str(self.root / stage.name),
+                                   self.stand_down)
             self.queries[stage.name] = (
                 stage.sink.attach(stage.frame, context).queryName(stage.name)
                 .outputMode(stage.output_mode)
@@ -52,6 +57,13 @@ class StageQueries:
             if not query.isActive:
                 return query.exception() or RuntimeError(f"query {query.name} ended by itself")
         return None
+
+    def stand_down_now(self) -> list[str]:
+        """Stop every query now, a batch waiting for the registry inside its write included: that write gives up
+        (`WriteContext.patiently`), so its batch fails with nothing logged, and is replayed when the queries start
+        again. Returns the stages stopped."""
+        self.stand_down.set()
+        return self.stop_now()
 
     def stop_now(self, only: list[str] | None = None) -> list[str]:
         """Stop the running queries (of the stages named), wherever their batches are; returns the stages stopped."""

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
+
+from changeover.errors import ChangeoverError
+from changeover.registry import db
 
 GUARANTEES = ("exactly-once", "idempotent", "at-least-once")
+T = TypeVar("T")
+
+
+class StoodDown(ChangeoverError):
+    """The driver stopped its queries: it could not confirm that it is its job's current run. A write waiting for
+    the registry gives up, so its batch fails with nothing of it logged, and is replayed once the run is confirmed."""
 
 
 def run_without_writing(batch: Any) -> None:
@@ -23,6 +34,19 @@ class WriteContext:
     stage: str
     run_id: int  # the writing run (its fencing epoch is read under the fence: `fence.Held.epoch`)
     checkpoint: str | None = None  # the stage's checkpoint folder, where Spark logs each batch's offsets
+    # set when the driver stands down (`Driver.fence_self`); one per start of the queries, shared by their writes
+    stand_down: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+
+    def patiently(self, call: Callable[[], T], what: str) -> T:
+        """A write's database call, waited for while the database does not answer (`db.patiently`), and given up
+        as soon as the driver stands down."""
+        return db.patiently(call, what, while_waiting=self._unless_stood_down)
+
+    def _unless_stood_down(self, _waited_for: BaseException) -> None:
+        if self.stand_down.is_set():
+            raise StoodDown(f"write of stage {self.stage} of job {self.job} by run {self.run_id}",
+                            "the driver could not confirm that the run is still its job's current one, and stopped "
+                            "its queries", "nothing to do: the batch is replayed once the registry confirms the run")
 
 
 class Sink(ABC):

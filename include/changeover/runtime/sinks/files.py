@@ -24,7 +24,6 @@ from urllib.parse import unquote, urlparse
 from changeover import faults
 from changeover.errors import ChangeoverError
 from changeover.handoff import fence
-from changeover.registry.db import patiently
 from changeover.runtime import checkpoints
 from changeover.runtime.sinks.base import Sink, WriteContext, run_without_writing
 
@@ -104,15 +103,16 @@ class Files(Sink):
             (writer.partitionBy(*self.partition_by) if self.partition_by else writer).save(str(staging))
             staged = sorted(str(p.relative_to(staging)) for p in staging.rglob("*")
                             if p.is_file() and not p.name.startswith(("_", ".")))
-            return patiently(functools.partial(self._commit, batch.sparkSession, context, batch_id, staging, staged),
-                             f"job {context.job} stage {context.stage} batch {batch_id}: the registry")
+            return context.patiently(
+                functools.partial(self._commit, batch.sparkSession, context, batch_id, staging, staged),
+                f"job {context.job} stage {context.stage} batch {batch_id}: the registry")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
     def _commit(self, spark: Any, context: WriteContext, batch_id: int, staging: Path, staged: list[str]) -> bool:
         """Move the staged files into place and add the batch's log entry, under the job row's lock. Safe to
         repeat: a file already moved stays moved, and a batch the log has is not added again."""
-        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id):
+        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as held:
             if batch_id <= _or_before(self.progress(context)):
                 return False
             placed = []
@@ -127,6 +127,7 @@ class Files(Sink):
                 placed.append(target)
             faults.reached_in_job("files.placed")  # in place, not yet in the log: never read
             self._record(context, batch_id)
+            held.confirm()
             _add_to_log(spark, self.log, batch_id, placed)
             return True
 

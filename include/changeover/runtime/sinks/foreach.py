@@ -19,7 +19,7 @@ from sqlalchemy import delete, func, select
 from changeover import faults
 from changeover.errors import ChangeoverError
 from changeover.handoff import fence
-from changeover.registry.db import patiently, session_scope
+from changeover.registry.db import session_scope
 from changeover.registry.models import SinkLedger
 from changeover.runtime.sinks.base import Sink, WriteContext
 
@@ -45,7 +45,7 @@ def deliver(function: BatchFunction, context: WriteContext, batch: Any, batch_id
             held.session.merge(SinkLedger(job=context.job, stage=context.stage, batch_id=batch_id, rows=0,
                                run_id=context.run_id))
 
-    patiently(once, f"job {context.job} stage {context.stage} batch {batch_id}: the registry")
+    context.patiently(once, f"job {context.job} stage {context.stage} batch {batch_id}: the registry")
 
 
 @dataclass(frozen=True)

@@ -248,16 +248,18 @@ class KeyedTable(Sink):
         is safe to repeat, the partitions wait for it themselves, and the batch's data is staged once per try, as
         Spark's batch runs once. A merge whose commit's answer was lost is found in the ledger on its retry."""
         waiting = f"job {context.job} stage {context.stage} batch {batch_id}: its sink or the registry"
-        tables = patiently(functools.partial(self.tables, batch.schema), waiting)
+        tables = context.patiently(functools.partial(self.tables, batch.schema), waiting)
         owner = f"{context.job}/{context.stage}"
-        if patiently(functools.partial(self._written, engine_for(self.url), tables, context, batch_id), waiting):
+        written = functools.partial(self._written, engine_for(self.url), tables, context, batch_id)
+        if context.patiently(written, waiting):
             run_without_writing(batch)  # a replay: the rows are written
             return False
-        patiently(functools.partial(self._unstage, tables, owner, batch_id, context.run_id), waiting)
+        context.patiently(functools.partial(self._unstage, tables, owner, batch_id, context.run_id), waiting)
         stage = functools.partial(_stage_partition, self.url, tables.staging.name, batch.columns, owner, batch_id,
                                   context.run_id, self.chunk_rows)
         staged = batch.rdd.mapPartitions(stage).collect()  # one accepted attempt per partition, as Spark decided
-        return patiently(functools.partial(self._merge_fenced, tables, context, owner, batch_id, staged), waiting)
+        merge = functools.partial(self._merge_fenced, tables, context, owner, batch_id, staged)
+        return context.patiently(merge, waiting)
 
     def _unstage(self, tables: _Tables, owner: str, batch_id: int, run_id: int) -> None:
         """What an interrupted try of this run staged; only this run's: another run's try of the same batch id may
