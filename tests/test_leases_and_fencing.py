@@ -20,6 +20,7 @@ from changeover.cluster import LocalCluster
 from changeover.errors import ChangeoverError
 from changeover.handoff import lease
 from changeover.handoff.fence import Fenced, hold
+from changeover.jobs.intents import ContinueMove, ReplaceParked, Standby
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Event, Job, JobRun, Master, Member, utcnow
 from changeover.settings import Settings
@@ -457,8 +458,8 @@ def test_a_users_stop_between_the_park_and_the_hand_over_stands(settings: Settin
     with pytest.raises(ChangeoverError, match="no longer asked to move"):
         warm.hand_over(settings, "clicks", standby, old, 1, tmp_path, "sp")
     with pytest.raises(ChangeoverError, match="no longer asked to move"):
-        jobs.launch(settings, _MasterAt("4.3.0"), "clicks", "4.3.0", tmp_path, from_savepoint="sp",  # type: ignore[arg-type]
-                    replaces_run=old, replaces_park=1)
+        jobs.launch(settings, _MasterAt("4.3.0"), "clicks", "4.3.0", tmp_path, ReplaceParked(old, 1),  # type: ignore[arg-type]
+                    from_savepoint="sp")
     with session_scope(settings.database_url) as s:
         assert (s.get(Job, "clicks").current_run_id, s.get(Job, "clicks").desired) == (old, "STOP")
         assert s.scalar(select(func.count()).select_from(JobRun)) == 2  # no successor row was added
@@ -754,7 +755,7 @@ def test_a_standby_whose_launch_failed_is_ended_at_once_not_left_warming(setting
     code.write_text("def build(spark, ctx):\n    return []\n")
     live = _job_with_running_run(settings, code=str(code))
     with _stub_master(settings, accept=False), pytest.raises(ChangeoverError, match="refused it with HTTP 403"):
-        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", None, standby_of=live)
+        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", None, Standby(live))
     with session_scope(settings.database_url) as s:
         (standby,) = s.scalars(select(JobRun).where(JobRun.standby_of == live))
         assert standby.ended_at is not None and standby.error.startswith("its launch failed: ")
@@ -781,7 +782,7 @@ def test_a_run_declared_dead_is_fenced_before_its_checkpoint_is_copied(settings:
     dead = _killed_mid_move(settings, tmp_path)
     with _stub_master(settings, accept=True):
         new = jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "new-checkpoint",
-                          continues_move=dead.id, copy_from=dead)
+                          ContinueMove(dead.id), copy_from=dead)
     order = [e.action for e in audit.find(settings.database_url, job="clicks")]
     assert order.index("job.launch.begin") < order.index("job.resubmit") < order.index("job.launch")
     with pytest.raises(Fenced):
@@ -795,7 +796,7 @@ def test_a_continuation_whose_checkpoint_cannot_be_laid_out_hands_the_job_back(s
     (tmp_path / "not-a-folder").write_text("")
     with _stub_master(settings, accept=True), pytest.raises(OSError):
         jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "not-a-folder" / "root",
-                    continues_move=dead.id, copy_from=dead)
+                    ContinueMove(dead.id), copy_from=dead)
     with session_scope(settings.database_url) as s:
         job = s.get(Job, "clicks")
         assert job.current_run_id == dead.id and job.desired == "MOVE"  # the next try continues it again
@@ -807,7 +808,7 @@ def test_a_continuation_refused_by_its_master_hands_the_job_back_and_a_stop_aske
         settings: Settings, tmp_path) -> None:
     dead = _killed_mid_move(settings, tmp_path)
     with _stub_master(settings, accept=False), pytest.raises(ChangeoverError, match="HTTP 403"):
-        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "new", continues_move=dead.id,
+        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "new", ContinueMove(dead.id),
                     copy_from=dead)
     with session_scope(settings.database_url) as s:
         job = s.get(Job, "clicks")
@@ -818,7 +819,7 @@ def test_a_continuation_refused_by_its_master_hands_the_job_back_and_a_stop_aske
             s.get(Job, "clicks").desired = "STOP"
 
     with _stub_master(settings, accept=False, on_submit=users_stop), pytest.raises(ChangeoverError):
-        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "newer", continues_move=dead.id,
+        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "newer", ContinueMove(dead.id),
                     copy_from=dead)
     with session_scope(settings.database_url) as s:
         assert (s.get(Job, "clicks").current_run_id, s.get(Job, "clicks").desired) == (dead.id, "STOP")
@@ -835,7 +836,7 @@ def test_a_layout_cut_short_is_never_taken_for_a_checkpoint(settings: Settings, 
         s.get(JobRun, dead.id).checkpoint_root = str(half)
         dead = s.get(JobRun, dead.id)
     with _stub_master(settings, accept=True):
-        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "next", continues_move=dead.id,
+        jobs.launch(settings, LocalCluster(settings), "clicks", "4.2.0", tmp_path / "next", ContinueMove(dead.id),
                     copy_from=dead)
     assert (tmp_path / "next" / "totals" / "metadata").exists() and not (tmp_path / "next" / jobs.LAYING_OUT).exists()
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from changeover.cluster.spark_master import DriverStatus, MasterUnreachable
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
 from changeover.handoff import lease
+from changeover.jobs.intents import START, ContinueRun, Intent, Standby
 from changeover.jobs.shipping import runtime_artifacts, store_job_code
 from changeover.jobs.spark_settings import SparkSettings
 from changeover.names import check_name
@@ -87,7 +89,8 @@ def submit(
                                                f"{version}")
         root = restore(settings, name, savepoint, source_job=source_job or name, rename=rename_stages,
                        rewind_sink=rewind_sink, accept_duplicates=accept_duplicates)
-        return launch(settings, membership, name, version, root, from_savepoint, allow_non_restored_state)
+        return launch(settings, membership, name, version, root, from_savepoint=from_savepoint,
+                      allow_non_restored_state=allow_non_restored_state)
     root = checkpoints.new_checkpoint_root(settings, name)
     if continues is None or not continues.checkpoint_root or not Path(continues.checkpoint_root).is_dir():
         continues = None
@@ -171,32 +174,18 @@ def launch(
     job_name: str,
     version: str,
     checkpoint_root: Path | None,
+    intent: Intent = START,
+    *,
     from_savepoint: str | None = None,
     allow_non_restored_state: bool = False,
-    replaces_run: int | None = None,
-    replaces_park: int | None = None,
-    continues_move: int | None = None,
-    continues_run: int | None = None,
-    standby_of: int | None = None,
     copy_from: JobRun | None = None,
 ) -> JobRun:
-    """Place a Python driver on a worker of the version group through the master's REST server.
+    """Place a Python driver on a worker of the version group through the master's REST server, for `intent`
+    (`jobs.intents`: what must still hold, under the job row's lock, for the launch to go ahead).
 
-    replaces_run: the parked run this launch succeeds. The launch is refused if that run has meanwhile
-    reclaimed the job (its lease ran out), or stopped again since (replaces_park, its park count then), so
-    that a late orchestrator never fences a live run nor starts from a stale savepoint; and refused once the job
-    is no longer asked to move (a user's stop or a withdrawn move that came after its park stands). The replaced run's
-    lease then counts from this launch: the successor's start is not charged to it.
-    continues_move: the run, ended on its way to a move, that this launch continues; refused if the job is no
-    longer asked to move (someone cancelled or stopped it meanwhile) or another run took over.
-    continues_run: the ended run this launch goes on from; refused unless it is still the job's current run, ended,
-    and the job still wanted (desired RUN), so two continuations never both start.
     copy_from: an ended run whose checkpoint this run goes on from, copied into `checkpoint_root` only once this run
     is the job's current one: a run declared dead whose driver still runs is fenced before the copy, so no batch it
     writes can fall between the copy and the hand-over (the successor would plan that batch id again).
-    standby_of: the live run this launch is a warm standby for (see `upgrade.warm`): it starts its session and
-    its plans, and waits for its checkpoint, without becoming the job's current run; refused unless that run is
-    still the job's current, running one and has no other standby.
     """
     runtime = find_runtime(settings.runtimes_dir, version)
     if copy_from is not None:
@@ -206,41 +195,58 @@ def launch(
     if served != version:  # the router's re-check, just before launch
         raise ChangeoverError(f"launch of job {job_name} on the {version} group",
                               f"its master now serves Spark {served}", "retry: routing will pick the group again")
+    admitted = _admit(settings, job_name, version, master, checkpoint_root, intent, from_savepoint, copy_from)
+    if copy_from is not None:
+        _lay_out(settings, admitted, copy_from, checkpoint_root or Path())
+    try:
+        request = _submission(settings, runtime, master, admitted, version, checkpoint_root,
+                              standby=not intent.makes_current, allow_non_restored_state=allow_non_restored_state)
+        submission_id = master.create(request)
+    except MasterUnreachable:
+        raise  # the master may have taken it: the driver names its submission itself, or the loss deadline ends it
+    except Exception as exc:  # refused for good, or never sent: no driver will run
+        if not intent.makes_current:  # it never owned the job: ended now, not left "warming" until its deadline
+            lease.end_standby(settings.database_url, job_name, admitted.run_id, f"its launch failed: {exc}")
+        else:
+            _hand_back(settings, admitted, copy_from.id if copy_from else None, exc)
+        raise
+    faults.point(settings, "launch.submitted")  # a lost answer: the driver then records its id itself
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, admitted.run_id)
+        assert run is not None
+        run.submission_id = run.submission_id or submission_id
+        audit.record(s, "job.launch", "job", job_name, run=run.id, version=version, submission=submission_id,
+                     from_savepoint=from_savepoint)
+        return run
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    """A launch's run, on record, and what its driver is started with."""
+    job: str
+    run_id: int
+    desired_before: str  # the job's desired state before the launch, for a hand-back
+    module: str
+    entry: str
+    code: str | None
+    spark_settings: SparkSettings
+    stop_deadline: float
+    lease_seconds: float
+
+
+def _admit(settings: Settings, job_name: str, version: str, master: Any, checkpoint_root: Path | None,
+           intent: Intent, from_savepoint: str | None, copy_from: JobRun | None) -> _Admitted:
+    """Under the job row's lock: the intent's precondition, then the run on record (the job's current one, under a
+    new epoch, unless it is a standby), with the launch's first half in the audit."""
     with session_scope(settings.database_url) as s:
         get_job(s, job_name)  # a clear refusal for an unknown job
         job = lock_row(s, Job, job_name)  # every launch: a new owner's epoch is decided under the lock
-        if continues_move is not None and (job.desired != "MOVE" or job.current_run_id != continues_move):
-            raise ChangeoverError(f"launch of job {job_name} to continue its move", f"it is no longer asked "
-                                  f"to move from run {continues_move}: someone stopped it, or another run "
-                                  "took over", "leave it as it is; retry the task to look at the job again")
-        if continues_run is not None:
-            ended = current_run(s, job)
-            if job.current_run_id != continues_run or job.desired != "RUN" or ended is None or ended.ended_at is None:
-                raise ChangeoverError(f"launch of job {job_name} to go on from run {continues_run}",
-                                      "that run is no longer the job's current, ended run, or the job was stopped",
-                                      "leave it as it is: another launch went first, or someone stopped it")
-        if replaces_run is not None:
-            before = current_run(s, job)
-            if (job.current_run_id != replaces_run or job.desired != "MOVE" or before is None
-                    or before.state != "STOPPED" or (replaces_park is not None and before.parks != replaces_park)):
-                raise ChangeoverError(f"launch of a successor to run {replaces_run} of job {job_name}",
-                                      "that run is no longer stopped where its savepoint was taken (it resumed "
-                                      "meanwhile, or stopped again), or the job is no longer asked to move (a user "
-                                      "stopped it, or the move was withdrawn)", "retry the task: it looks at the job "
-                                      "again")
-            if before.parked:
-                before.lease_until = utcnow() + timedelta(seconds=lease.length_of(job))
-        if standby_of is not None:
-            standing = s.scalar(select(JobRun.id).where(JobRun.standby_of == standby_of, JobRun.ended_at.is_(None)))
-            running = current_run(s, job)
-            if job.current_run_id != standby_of or running is None or running.state not in LIVE or standing:
-                raise ChangeoverError(f"launch of a warm standby for run {standby_of} of job {job_name}",
-                                      "that run is no longer the job's current, running one, or it has a standby "
-                                      "already", "retry the task: it looks at the job again")
+        intent.admit(s, job)
         if copy_from is not None and job.current_run_id != copy_from.id:
             raise ChangeoverError(f"launch of job {job_name} from the checkpoint of run {copy_from.id}",
                                   f"run {job.current_run_id} is the job's current run now", "leave it as it is: "
                                   "another launch went first; retry the task to look at the job again")
+        standby_of = intent.of if isinstance(intent, Standby) else None
         run = JobRun(job=job_name, spark_version=version, master_url=master_url(master),
                      state="SUBMITTED" if standby_of is None else STANDBY, standby_of=standby_of,
                      checkpoint_root=str(checkpoint_root) if checkpoint_root else None,
@@ -248,60 +254,41 @@ def launch(
         s.add(run)
         s.flush()
         desired_before = job.desired
-        if standby_of is None:
+        if intent.makes_current:
             job.make_current(run)
             job.desired = "RUN"
         # The launch's first half, on record with the run: its second (`job.launch`, with the master's
         # submission id) may be lost with the task, and the driver then reconciles it.
         audit.record(s, "job.launch.begin", "job", job_name, run=run.id, version=version,
                      from_savepoint=from_savepoint)
-        module, entry, code, run_id = job.module, job.entry, job.code, run.id
-        spark_settings = SparkSettings.from_options(job.options.get("spark") or {})
-        stop_deadline = float(job.options.get("stop_deadline_seconds", 60))
-        lease_seconds = lease.length_of(job)
-    if copy_from is not None:
-        try:
-            _copy_checkpoint(settings, copy_from, checkpoint_root or Path())
-        except Exception as exc:
-            _hand_back(settings, job_name, run_id, copy_from.id, exc, desired_before)
-            raise
-        with session_scope(settings.database_url) as s:  # still ours after the copy, which may have been slow
-            job, mine = lock_row(s, Job, job_name), s.get(JobRun, run_id)
-            if job.current_run_id != run_id or mine is None or mine.ended_at is not None or job.desired == "STOP":
-                gone = ChangeoverError(f"launch of job {job_name}", "while its checkpoint was laid out, the run was "
-                                       "ended, or superseded, or the job stopped", "retry the task to look again")
-                s.rollback()
-                _hand_back(settings, job_name, run_id, copy_from.id, gone, desired_before)
-                raise gone
-            mine.submitted_at = utcnow()  # the loss deadline counts from the submission, not from the copy
+        return _Admitted(job_name, run.id, desired_before, job.module, job.entry, job.code,
+                         SparkSettings.from_options(job.options.get("spark") or {}),
+                         float(job.options.get("stop_deadline_seconds", 60)), lease.length_of(job))
+
+
+def _lay_out(settings: Settings, admitted: _Admitted, copy_from: JobRun, checkpoint_root: Path) -> None:
+    """Copy the ended run's checkpoint for the admitted run, then check, under the lock, that the job is still its."""
     try:
-        request = _submission(settings, runtime, master, job_name, version, run_id, module, entry, code,
-                              spark_settings, checkpoint_root, lease_seconds, stop_deadline,
-                              standby=standby_of is not None, allow_non_restored_state=allow_non_restored_state)
-        submission_id = master.create(request)
-    except MasterUnreachable:
-        raise  # the master may have taken it: the driver names its submission itself, or the loss deadline ends it
-    except Exception as exc:  # refused for good, or never sent: no driver will run
-        if standby_of is not None:  # it never owned the job: ended now, not left "warming" until its ready deadline
-            lease.end_standby(settings.database_url, job_name, run_id, f"its launch failed: {exc}")
-        else:
-            _hand_back(settings, job_name, run_id, copy_from.id if copy_from else None, exc, desired_before)
+        _copy_checkpoint(settings, copy_from, checkpoint_root)
+    except Exception as exc:
+        _hand_back(settings, admitted, copy_from.id, exc)
         raise
-    faults.point(settings, "launch.submitted")  # a lost answer: the driver then records its id itself
-    with session_scope(settings.database_url) as s:
-        run = s.get(JobRun, run_id)
-        assert run is not None
-        run.submission_id = run.submission_id or submission_id
-        audit.record(s, "job.launch", "job", job_name, run=run_id, version=version, submission=submission_id,
-                     from_savepoint=from_savepoint)
-        return run
+    with session_scope(settings.database_url) as s:  # still ours after the copy, which may have been slow
+        job, mine = lock_row(s, Job, admitted.job), s.get(JobRun, admitted.run_id)
+        if job.current_run_id != admitted.run_id or mine is None or mine.ended_at is not None or job.desired == "STOP":
+            gone = ChangeoverError(f"launch of job {admitted.job}", "while its checkpoint was laid out, the run was "
+                                   "ended, or superseded, or the job stopped", "retry the task to look again")
+            s.rollback()
+            _hand_back(settings, admitted, copy_from.id, gone)
+            raise gone
+        mine.submitted_at = utcnow()  # the loss deadline counts from the submission, not from the copy
 
 
-def _hand_back(settings: Settings, job_name: str, run_id: int, previous: int | None, exc: Exception,
-               desired_before: str) -> None:
+def _hand_back(settings: Settings, admitted: _Admitted, previous: int | None, exc: Exception) -> None:
     """A launch whose driver will never run (its checkpoint could not be laid out, or its master refused it): this
     run ends FAILED, which a parked run it replaces sees at once, and a job continued from an ended run goes back to
     that run, so the next try continues it again. A user's stop meanwhile stands."""
+    job_name, run_id = admitted.job, admitted.run_id
     with session_scope(settings.database_url) as s:
         job = lock_row(s, Job, job_name)
         run = s.get(JobRun, run_id)
@@ -310,7 +297,7 @@ def _hand_back(settings: Settings, job_name: str, run_id: int, previous: int | N
         if before is not None and job.current_run_id == run_id:
             job.make_current(before)
             if job.desired == "RUN":  # what the launch set; a stop asked since is left as it is
-                job.desired = desired_before
+                job.desired = admitted.desired_before
         if run.ended_at is not None:
             return
         run.state, run.ended_at, run.error = "FAILED", utcnow(), f"its launch failed before a driver ran: {exc}"
@@ -318,11 +305,10 @@ def _hand_back(settings: Settings, job_name: str, run_id: int, previous: int | N
                      handed_back_to=previous)
 
 
-def _submission(settings: Settings, runtime: Any, master: Any, job_name: str, version: str, run_id: int, module: str,
-                entry: str, code: str | None, spark_settings: SparkSettings, checkpoint_root: Path | None,
-                lease_seconds: float, stop_deadline: float, *, standby: bool,
-                allow_non_restored_state: bool) -> dict[str, Any]:
+def _submission(settings: Settings, runtime: Any, master: Any, admitted: _Admitted, version: str,
+                checkpoint_root: Path | None, *, standby: bool, allow_non_restored_state: bool) -> dict[str, Any]:
     """The master's REST CreateSubmissionRequest for a run's driver."""
+    job_name, code, spark_settings = admitted.job, admitted.code, admitted.spark_settings
     if code is None or not Path(code).exists():
         raise ChangeoverError(f"launch of job {job_name}", f"its code artifact {code} is missing",
                               "submit the job again under a new name, or restore the artifact store")
@@ -339,9 +325,10 @@ def _submission(settings: Settings, runtime: Any, master: Any, job_name: str, ve
     app_args = ["--master", master_url(master), *spark_settings.submit_args([str(package), code])]
     for key, value in confs.items():
         app_args += ["--conf", f"{key}={value}"]
-    app_args += [str(entry_script), "--job", job_name, "--run-id", str(run_id), "--module", module,
-                 "--entry", entry, "--expected-version", version,
-                 "--lease-seconds", str(lease_seconds), "--stop-deadline", str(stop_deadline),
+    app_args += [str(entry_script), "--job", job_name, "--run-id", str(admitted.run_id),
+                 "--module", admitted.module, "--entry", admitted.entry, "--expected-version", version,
+                 "--lease-seconds", str(admitted.lease_seconds),
+                 "--stop-deadline", str(admitted.stop_deadline),
                  "--self-fence-seconds", str(lease.self_fence_seconds())]
     app_args += ["--checkpoint-root", str(checkpoint_root)] if checkpoint_root else []
     app_args += ["--standby"] if standby else []
@@ -586,7 +573,7 @@ def continue_ended_on(settings: Settings, membership: Membership, member: str, s
     for run in ended:
         root = checkpoints.new_checkpoint_root(settings, run.job)
         try:
-            launch(settings, membership, run.job, run.spark_version, root, continues_run=run.id, copy_from=run)
+            launch(settings, membership, run.job, run.spark_version, root, ContinueRun(run.id), copy_from=run)
         except ChangeoverError as exc:  # another launch went first, or its driver is not gone yet
             log.warning("job %s: not continued from run %s: %s", run.job, run.id, exc)
             continue

@@ -14,6 +14,7 @@ from changeover.cluster import Membership
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
 from changeover.handoff import lease
+from changeover.jobs.intents import ContinueMove, ContinueRun, ReplaceParked
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member
 from changeover.runtime import checkpoints
@@ -67,8 +68,8 @@ def step(
                 and warm.hand_over(settings, job_name, standby.id, run.id, run.parks, root, name)):
             return True
         # cold, at once: the parked run's lease is running; a standby not handed the job leaves by itself
-        jobs.launch(settings, membership, job_name, target_version, root, from_savepoint=name,
-                    replaces_run=run.id, replaces_park=run.parks)
+        jobs.launch(settings, membership, job_name, target_version, root, ReplaceParked(run.id, run.parks),
+                    from_savepoint=name)
         return True
     if run.state == "KILLED" and (desired == "MOVE" or (desired == "RUN" and _draining(settings, run.member))):
         # Its driver died before it parked (killed, or its worker lost), asked to move or not yet: Spark's checkpoint
@@ -78,9 +79,9 @@ def step(
         _dismiss_standby(settings, membership, run.id, "its run was killed before the hand-over; the job goes on "
                          "from its checkpoint, cold")
         root = checkpoints.new_checkpoint_root(settings, job_name)
-        moving = desired == "MOVE"  # the launch refuses if someone stopped the move, or the run, meanwhile
-        jobs.launch(settings, membership, job_name, target_version, root, copy_from=run,
-                    continues_move=run.id if moving else None, continues_run=None if moving else run.id)
+        # the launch refuses if someone stopped the move, or the run, meanwhile
+        going_on = ContinueMove(run.id) if desired == "MOVE" else ContinueRun(run.id)
+        jobs.launch(settings, membership, job_name, target_version, root, going_on, copy_from=run)
         return True
     raise ChangeoverError(f"move of job {job_name}", f"its run {run.id} ended as {run.state}",
                           f"resume it from its newest savepoint: `changeover submit {job_name} --from-savepoint NAME`")

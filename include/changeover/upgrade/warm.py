@@ -24,6 +24,7 @@ from changeover import audit, jobs
 from changeover.cluster import Membership
 from changeover.errors import ChangeoverError
 from changeover.handoff import lease
+from changeover.jobs.intents import Standby
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.settings import Settings
@@ -108,7 +109,7 @@ def prepare(settings: Settings, membership: Membership, job_name: str, run: JobR
             audit.record(s, "job.move.cold", "job", job_name, run=run.id, version=target, reason=why)
         return "cold"
     try:
-        jobs.launch(settings, membership, job_name, target, None, standby_of=run.id)
+        jobs.launch(settings, membership, job_name, target, None, Standby(run.id))
     except ChangeoverError as exc:  # the target's master, or a standby another try launched: the job moves cold
         with session_scope(settings.database_url) as s:
             audit.record(s, "job.move.cold", "job", job_name, run=run.id, version=target, reason=str(exc))
