@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from sqlalchemy import or_, select
 
@@ -17,9 +19,40 @@ from changeover.handoff import lease
 from changeover.jobs.intents import ContinueMove, ContinueRun, ReplaceParked
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member
+from changeover.registry.records import LIVE
 from changeover.runtime import checkpoints
 from changeover.settings import Settings
 from changeover.upgrade import warm
+
+Decision = Literal["done", "stopped_by_user", "stop", "save_and_launch", "continue_from_checkpoint", "ended"]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a move's step looks at: the job's current run and what is asked of the job."""
+    state: str  # the run's state
+    desired: str  # the job's: RUN, MOVE or STOP
+    placed: bool  # the run is on the target version, and off the member being left
+    member_draining: bool  # the run's member is still being drained (looked at only for a killed run)
+
+
+def decide(seen: Observed) -> Decision:
+    """The move's next step, from what it observes; `step` acts on it."""
+    live = seen.state in LIVE
+    if live and seen.desired == "RUN" and seen.placed:
+        return "done"
+    if seen.desired == "STOP":
+        return "stopped_by_user"
+    if live:
+        return "stop"  # a warm successor first where there is room, then the stop at a boundary
+    if seen.state == "STOPPED":
+        return "save_and_launch"
+    if seen.state == "KILLED" and (seen.desired == "MOVE" or (seen.desired == "RUN" and seen.member_draining)):
+        # Its driver died before it parked (killed, or its worker lost), asked to move or not yet: Spark's checkpoint
+        # is whole as of its last commit, so the job goes on from there on the target. (A user's cancel leaves the
+        # job desired STOP; an abort's restart returns the member to service, so it is no longer draining.)
+        return "continue_from_checkpoint"
+    return "ended"
 
 
 def step(
@@ -38,13 +71,18 @@ def step(
         desired, options = job.desired, dict(job.options or {})
     if run is None:
         raise ChangeoverError(f"move of job {job_name}", "it was never launched", "submit it first")
-    placed = run.spark_version == target_version and (avoid_member is None or run.member != avoid_member)
-    if run.state in jobs.LIVE and desired == "RUN" and placed:
+
+    def observed(run: JobRun) -> Observed:
+        placed = run.spark_version == target_version and (avoid_member is None or run.member != avoid_member)
+        return Observed(run.state, desired, placed, run.state == "KILLED" and _draining(settings, run.member))
+
+    decision = decide(observed(run))
+    if decision == "done":
         return True
-    if desired == "STOP":
+    if decision == "stopped_by_user":
         raise ChangeoverError(f"move of job {job_name}", "a user stopped it with a savepoint",
                               f"resume it yourself with `changeover submit {job_name} --from-savepoint NAME`")
-    if run.state in jobs.LIVE:
+    if decision == "stop":
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
         readiness = (warm.prepare(settings, membership, job_name, run, target_version) if desired == "RUN"
                      else _ready_standby(settings, membership, run.id))
@@ -56,7 +94,8 @@ def step(
                                                       float(options.get("stop_deadline_seconds", 60)) + 5):
             return False
         run = jobs.observe(settings, membership, run.id)
-    if run.state == "STOPPED":
+        decision = decide(observed(run))
+    if decision == "save_and_launch":
         # One savepoint per stop: a run that resumed when its lease ran out and stopped again gets a new one.
         name = f"{reason}-run{run.id}-stop{run.parks}"
         savepoints.take(settings, job_name, name, upgrade_key=upgrade_key, exist_ok=True)
@@ -71,10 +110,7 @@ def step(
         jobs.launch(settings, membership, job_name, target_version, root, ReplaceParked(run.id, run.parks),
                     from_savepoint=name)
         return True
-    if run.state == "KILLED" and (desired == "MOVE" or (desired == "RUN" and _draining(settings, run.member))):
-        # Its driver died before it parked (killed, or its worker lost), asked to move or not yet: Spark's checkpoint
-        # is whole as of its last commit, so the job goes on from there on the target, replaying the batch it had
-        # planned. (A user's cancel leaves the job desired STOP; an abort's restart returns the member to service.)
+    if decision == "continue_from_checkpoint":
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
         _dismiss_standby(settings, membership, run.id, "its run was killed before the hand-over; the job goes on "
                          "from its checkpoint, cold")
