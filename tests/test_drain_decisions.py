@@ -64,7 +64,7 @@ CASES: list[tuple[str, dict[str, Any], float, int | None, str]] = [
     ("within its shutdown timeout", {"fault_tolerant": False, "shutdown_timeout": 30}, 10, None, "grace"),
     ("past its shutdown timeout", {"fault_tolerant": False, "shutdown_timeout": 30}, 31, None, "cancel"),
     ("past the drain's cap on timeouts", {"fault_tolerant": False, "shutdown_timeout": 300}, 10, 5, "cancel"),
-    ("parked, its driver still up", {"desired": "RUN", "driver": "RUNNING", "state": "STOPPED"}, 1, None,
+    ("parked, its driver still up", {"desired": "RUN", "driver": "RUNNING", "state": "PARKED"}, 1, None,
      "handoff"),
 ]
 

@@ -200,3 +200,21 @@ def test_only_a_registry_that_does_not_answer_counts_as_away() -> None:
     for answered in (Coded("55P03"), Coded("40P01"), Coded("40001"), Exception("database is locked")):
         assert transient(error(answered)) and not away(error(answered)), answered
     assert not away(error(Coded("42P01")))  # a missing table: not transient at all
+
+
+def test_a_run_parked_before_parked_was_a_state_is_parked_after_the_migration(database_url: str) -> None:
+    """Before 0013 a parked run was STOPPED with no end; the migration makes it PARKED, and leaves ended runs be."""
+    from changeover.registry.models import Job, JobRun, utcnow
+    from changeover.registry.states import RunState
+
+    migrate(database_url, "0012")
+    with session_scope(database_url) as s:
+        s.add(Job(name="old", module="m", fault_tolerant=True, block_shutdown=False, options={}))
+        s.flush()
+        for ended in (None, utcnow()):
+            s.add(JobRun(job="old", spark_version="4.2.0", master_url="spark://x", state="STOPPED", progress={},
+                         ended_at=ended))
+    migrate(database_url)
+    with session_scope(database_url) as s:
+        runs = s.scalars(select(JobRun).order_by(JobRun.id)).all()
+        assert [(r.state, r.parked) for r in runs] == [(RunState.PARKED, True), (RunState.STOPPED, False)]

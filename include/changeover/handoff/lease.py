@@ -20,6 +20,7 @@ from sqlalchemy import select
 from changeover import audit
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
+from changeover.registry.states import RunState
 from changeover.runtime.sinks import WriteContext, from_description
 from changeover.timeutil import as_utc
 
@@ -63,7 +64,7 @@ def park(url: str, job: str, run_id: int, progress: dict[str, int | None], secon
         if run.parked:
             return  # parked already: a retry whose first commit's answer was lost
         now = utcnow()
-        run.state, run.progress, run.heartbeat_at = "STOPPED", dict(progress), now
+        run.state, run.progress, run.heartbeat_at = RunState.PARKED, dict(progress), now
         run.parks = (run.parks or 0) + 1
         run.lease_until = now + timedelta(seconds=seconds)
         audit.record(s, "job.park", "job", job, run=run_id, progress=progress, lease_seconds=seconds,
@@ -182,6 +183,8 @@ def decide(url: str, job: str, run_id: int) -> Decision:
             expired=run.lease_until is not None and now >= as_utc(run.lease_until), successor=seen))
         if verdict.decision == "exit":
             run.ended_at, run.lease_until = run.ended_at or now, None
+            if run.state == RunState.PARKED:
+                run.state = RunState.STOPPED
             audit.record(s, str(verdict.event), "job", job, run=run_id, successor=row.current_run_id,
                          **({"reason": verdict.reason} if verdict.reason else {}))
         elif verdict.decision == "resume":
@@ -224,7 +227,7 @@ def _taken_over_since(s: Any, job: str, run_id: int) -> bool:
 
 
 def _resume(s: object, job: str, run: JobRun, why: str, **details: object) -> None:
-    run.state, run.lease_until, run.heartbeat_at = "RUNNING", None, utcnow()
+    run.state, run.lease_until, run.heartbeat_at = RunState.RUNNING, None, utcnow()
     audit.record(s, "job.unpark", "job", job, run=run.id, reason=why, **details)  # type: ignore[arg-type]
 
 
@@ -270,6 +273,6 @@ def end_standby(url: str, job: str, run_id: int, why: str, action: str = "job.st
         assert row is not None and run is not None
         if run.ended_at is not None or row.current_run_id == run_id:
             return False
-        run.state, run.ended_at, run.error = "STOPPED", utcnow(), why
-        audit.record(s, action, "job", job, run=run_id, state="STOPPED", reason=why)
+        run.state, run.ended_at, run.error = RunState.STOPPED, utcnow(), why
+        audit.record(s, action, "job", job, run=run_id, state=RunState.STOPPED, reason=why)
         return True

@@ -24,6 +24,7 @@ from changeover.names import check_name
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
 from changeover.registry.records import LIVE, STANDBY, current_run, get_job
+from changeover.registry.states import RunState
 from changeover.runtime import checkpoints
 from changeover.savepoints import get_savepoint, restore
 from changeover.settings import Settings
@@ -417,9 +418,10 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
             run.error = f"lost: no word from its master ({unanswered or 'driver unknown'}) and no heartbeat " \
                         f"for {silent:.0f} s"
         if observed != "RUNNING" and run.parked:
-            run.ended_at = utcnow()  # its driver is gone; the checkpoint still ends on a batch boundary
+            # its driver is gone; the checkpoint still ends on the batch boundary it parked at
+            run.state, run.ended_at = RunState.STOPPED, utcnow()
             run.error = run.error or checkpoints.read_gave_up(run.checkpoint_root)  # a driver that gave up says why
-            audit.record(s, "job.end", "job", run.job, run=run.id, state="STOPPED", driver=observed,
+            audit.record(s, "job.end", "job", run.job, run=run.id, state=RunState.STOPPED, driver=observed,
                          **({"reason": run.error} if run.error else {}))
         elif observed != "RUNNING" and run.state in (*LIVE, STANDBY):
             run.state, run.ended_at = observed, run.ended_at or utcnow()
@@ -452,7 +454,7 @@ def parked_runs_on(settings: Settings, membership: Membership, member: str) -> l
     """Runs parked on a member whose drivers still live: they exit once their successors write."""
     with session_scope(settings.database_url) as s:
         ids = list(s.scalars(select(JobRun.id).where(
-            JobRun.member == member, JobRun.state == "STOPPED", JobRun.ended_at.is_(None))))
+            JobRun.member == member, JobRun.state == RunState.PARKED)))
     return [run for run in (observe(settings, membership, i) for i in ids) if run.parked]
 
 
@@ -568,7 +570,7 @@ def continue_ended_on(settings: Settings, membership: Membership, member: str, s
     with session_scope(settings.database_url) as s:
         ended = list(s.scalars(select(JobRun).join(Job, Job.current_run_id == JobRun.id).where(
             Job.fault_tolerant.is_(True), Job.desired == "RUN", JobRun.member == member,
-            JobRun.ended_at >= since, JobRun.state.in_(("KILLED", "STOPPED")))))
+            JobRun.ended_at >= since, JobRun.state.in_((RunState.KILLED, RunState.STOPPED)))))
     continued = []
     for run in ended:
         root = checkpoints.new_checkpoint_root(settings, run.job)

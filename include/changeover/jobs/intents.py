@@ -17,6 +17,7 @@ from changeover.errors import ChangeoverError
 from changeover.handoff import lease
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.registry.records import LIVE, current_run
+from changeover.registry.states import AT_A_BOUNDARY
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ class ReplaceParked:
 
     def admit(self, s: Session, job: Job) -> None:
         before = current_run(s, job)
-        if (job.current_run_id != self.run or job.desired != "MOVE" or before is None or before.state != "STOPPED"
+        if (job.current_run_id != self.run or job.desired != "MOVE" or before is None
+                or before.state not in AT_A_BOUNDARY
                 or (self.park is not None and before.parks != self.park)):
             raise ChangeoverError(f"launch of a successor to run {self.run} of job {job.name}",
                                   "that run is no longer stopped where its savepoint was taken (it resumed "

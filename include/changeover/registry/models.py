@@ -8,6 +8,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from changeover.registry.states import Desired, RunState
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -15,7 +17,7 @@ def utcnow() -> datetime:
 
 # Job.desired besides RUN: STOP (a user's stop with a savepoint: the driver exits at the boundary) and MOVE
 # (a drain's or rebalance's stop: the driver parks at the boundary, holding a lease until its successor writes).
-STOPPING = ("STOP", "MOVE")
+STOPPING = (Desired.STOP, Desired.MOVE)
 
 
 class Base(DeclarativeBase):
@@ -93,9 +95,8 @@ class JobRun(Base):
     member: Mapped[str | None] = mapped_column(String(100))
     checkpoint_root: Mapped[str | None] = mapped_column(Text)
     from_savepoint: Mapped[str | None] = mapped_column(String(100))
-    # SUBMITTED | RUNNING | STOPPED (at a batch boundary) | FINISHED | FAILED | KILLED, or STANDBY.
-    # STOPPED with no ended_at is a parked run: its driver lives, holding its lease until a successor writes.
-    # STANDBY: a warm successor (see `changeover.upgrade.warm`), started and waiting for `standby_of` to park.
+    # a `states.RunState`: PARKED is a run stopped at a batch boundary whose driver lives, holding its lease until
+    # a successor writes; STANDBY a warm successor (see `changeover.upgrade.warm`) waiting for `standby_of` to park.
     state: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     progress: Mapped[dict[str, Any]] = mapped_column(default=dict)  # stage -> last committed batch
@@ -120,7 +121,7 @@ class JobRun(Base):
 
     @property
     def parked(self) -> bool:
-        return self.state == "STOPPED" and self.ended_at is None
+        return self.state == RunState.PARKED
 
 
 class Savepoint(Base):

@@ -8,9 +8,10 @@ from sqlalchemy import select
 
 from changeover.errors import ChangeoverError
 from changeover.registry.models import Job, JobRun
+from changeover.registry.states import LIVE, RunState
 
-LIVE = ("SUBMITTED", "RUNNING")
-STANDBY = "STANDBY"  # a warm successor waiting for its checkpoint: alive, but not the job's current run
+STANDBY = RunState.STANDBY  # a warm successor waiting for its checkpoint: alive, but not the job's current run
+__all__ = ["LIVE", "STANDBY", "current_run", "get_job"]
 
 
 def get_job(s: Any, name: str) -> Job:

@@ -22,8 +22,8 @@ def _config(url: str) -> Config:
     return config
 
 
-def migrate(url: str) -> None:
-    command.upgrade(_config(url), "head")
+def migrate(url: str, revision: str = "head") -> None:
+    command.upgrade(_config(url), revision)
 
 
 def require_current(url: str) -> None:

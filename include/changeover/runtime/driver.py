@@ -29,6 +29,7 @@ from changeover.handoff import lease
 from changeover.registry import db
 from changeover.registry.db import TRANSIENT, lock_row, patiently, refused, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
+from changeover.registry.states import LIVE, RunState
 from changeover.runtime import checkpoints
 from changeover.runtime.contract import JobContext, Stage
 from changeover.runtime.queries import StageQueries
@@ -177,7 +178,7 @@ class Driver:
             run.heartbeat_at, run.progress = now, dict(progress)
             for name, value in fields.items():
                 setattr(run, name, value)
-            if run.state in ("SUBMITTED", "RUNNING"):
+            if run.state in LIVE or (run.state == RunState.PARKED and state == RunState.STOPPED):
                 run.state = state
             if committed:
                 run.last_commit_at = now

@@ -36,6 +36,7 @@ from changeover.names import check_name, is_safe
 from changeover.registry.db import session_scope
 from changeover.registry.models import Savepoint, UpgradeRun, utcnow
 from changeover.registry.records import LIVE, current_run, get_job
+from changeover.registry.states import AT_A_BOUNDARY
 from changeover.runtime import checkpoints
 from changeover.runtime.sinks import Sink, WriteContext, from_description
 from changeover.savepoints.digests import DigestCache
@@ -160,7 +161,7 @@ def _source(settings: Settings, job_name: str, name: str, mode: str) -> _Source:
         job = get_job(s, job_name)
         run = current_run(s, job)
         state = run.state if run else "never launched"
-        wanted = ("STOPPED",) if mode == "stop" else (*LIVE, "STOPPED")
+        wanted = AT_A_BOUNDARY if mode == "stop" else (*LIVE, *AT_A_BOUNDARY)
         if run is None or run.state not in wanted or not run.checkpoint_root:
             how = (f"stop it with `changeover savepoint {job_name} {name} --cancel`" if mode == "stop"
                    else "start it first")

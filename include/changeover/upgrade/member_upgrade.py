@@ -10,6 +10,7 @@ from changeover.cluster.runtimes import check_version, find_runtime
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import STOPPING, Job
+from changeover.registry.states import AT_A_BOUNDARY
 from changeover.settings import Settings
 from changeover.upgrade import relocate, routing
 
@@ -46,7 +47,7 @@ def rebalance_step(settings: Settings, cluster: Membership, upgrade_key: str | N
     target = routing.target_version(settings)
     moving = []
     for job, run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True):
-        if run is None or job.desired == "STOP" or (run.state not in (*jobs.LIVE, "STOPPED")
+        if run is None or job.desired == "STOP" or (run.state not in (*jobs.LIVE, *AT_A_BOUNDARY)
                                                      and job.desired != "MOVE"):
             continue  # not running, or stopped by a user: not ours to move; one ended mid-move still is
         if not relocate.step(settings, cluster, job.name, target, reason=f"rebalance-{target}",

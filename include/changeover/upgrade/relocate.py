@@ -19,7 +19,7 @@ from changeover.handoff import lease
 from changeover.jobs.intents import ContinueMove, ContinueRun, ReplaceParked
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member
-from changeover.registry.records import LIVE
+from changeover.registry.states import AT_A_BOUNDARY, LIVE
 from changeover.runtime import checkpoints
 from changeover.settings import Settings
 from changeover.upgrade import warm
@@ -45,7 +45,7 @@ def decide(seen: Observed) -> Decision:
         return "stopped_by_user"
     if live:
         return "stop"  # a warm successor first where there is room, then the stop at a boundary
-    if seen.state == "STOPPED":
+    if seen.state in AT_A_BOUNDARY:
         return "save_and_launch"
     if seen.state == "KILLED" and (seen.desired == "MOVE" or (seen.desired == "RUN" and seen.member_draining)):
         # Its driver died before it parked (killed, or its worker lost), asked to move or not yet: Spark's checkpoint
