@@ -12,6 +12,7 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from changeover.errors import ChangeoverError
 from changeover.settings import Settings
+from changeover.timeutil import as_utc
 from changeover_airflow.operators import RollingUpgradeOperator
 
 
@@ -114,7 +115,7 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
         s.get(Job, "clicks").make_current(run)
         s.add(Savepoint(job="clicks", name="update-1", mode="stop", status="COMPLETED", path="/nowhere",
                         size_bytes=0, spark_version="4.2.0", stages={"totals": 2}, run_id=run.id))
-        run_id = run.id
+        run_id, launched = run.id, as_utc(run.submitted_at).timestamp()
     connection = {"conn_type": "generic", "extra": {"home": str(settings.home), "database_url": settings.database_url}}
     monkeypatch.setenv("AIRFLOW_CONN_CHANGEOVER_DEFAULT", json.dumps(connection))
     pushed: dict[str, object] = {}
@@ -123,7 +124,6 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
     context = {"ti": ti, "params": {}, "dag_run": None}
     gate = StabilityGateOperator(task_id="gate", job="clicks", savepoint_name="update-1", batches=3,
                                  max_lag_seconds=60, gate_timeout=300)
-    before = time.time()
 
     def in_task(call: Any, *args: Any) -> Any:  # each Airflow task runs in a context of its own (its actor)
         return contextvars.copy_context().run(call, *args)
@@ -132,7 +132,12 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
         in_task(gate.execute, context)  # 1 of 3 batches since the savepoint
     trigger, deadline = deferred.value.trigger, deferred.value.kwargs["deadline"]
     assert (trigger.kind, trigger.subject, trigger.params["savepoint"]) == ("stable", "clicks", "update-1")
-    assert before + 300 <= deadline <= time.time() + 300 and trigger.fire_by == pytest.approx(deadline, abs=0.001)
+    # from the run's launch, so a later try of the task (a retry after its worker died) keeps the same deadline
+    assert deadline == pytest.approx(launched + 300) and trigger.fire_by == pytest.approx(deadline, abs=0.001)
+    ti.try_number = 2
+    with pytest.raises(TaskDeferred) as retried:
+        in_task(gate.execute, context)
+    assert retried.value.kwargs["deadline"] == deadline
     assert ready("stable", "clicks", settings, None, trigger.params) == (
         False, {"stable": False, "reason": "1 of 3 batches committed"})
 

@@ -373,8 +373,8 @@ class ResumeWithCodeOperator(ChangeoverOperator):
 
 class StabilityGateOperator(ChangeoverOperator):
     """Passes once the job's run has committed `batches` batches in every stage since its savepoint, without a
-    failure, with its last commit younger than `max_lag_seconds`; fails, not retried, past `gate_timeout`. It
-    waits in the triggerer, not in a worker slot."""
+    failure, with its last commit younger than `max_lag_seconds`; fails, not retried, `gate_timeout` seconds after
+    the run's launch, whichever try of the task is running then. It waits in the triggerer, not in a worker slot."""
 
     template_fields: Sequence[str] = ("job", "savepoint_name", "batches", "max_lag_seconds", "gate_timeout",
                                       "rename_stages")
@@ -391,9 +391,10 @@ class StabilityGateOperator(ChangeoverOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         settings, cluster = self._setup(context)
-        deadline = deadline if deadline is not None else time.time() + float(self.gate_timeout)
         result = code_update.stability(settings, cluster, str(self.job), self.savepoint_name, int(self.batches),
                                   float(self.max_lag_seconds), self.rename_stages or {})
+        if deadline is None:  # a retry's first try counts from the same launch: the deadline never starts again
+            deadline = (result.launched_at or time.time()) + float(self.gate_timeout)
         if not (result.stable or result.ended or time.time() >= deadline):
             self._defer("stable", str(self.job), settings, timeout=float(self.gate_timeout) + 60,
                         fire_by=datetime.fromtimestamp(deadline, UTC), deadline=deadline,

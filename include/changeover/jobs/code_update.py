@@ -168,6 +168,7 @@ class Stability:
     batches: int  # committed by the run since its restore, the fewest of its stages
     lag_seconds: float | None  # age of its last commit
     ended: bool = False  # the run is no longer live: waiting longer cannot make it stable
+    launched_at: float | None = None  # the run's launch (epoch seconds): the gate's deadline counts from it
 
 
 def stability(settings: Settings, membership: Membership, job: str, savepoint: str, batches: int,
@@ -184,14 +185,14 @@ def stability(settings: Settings, membership: Membership, job: str, savepoint: s
     done = min((((progress.get(stage) if progress.get(stage) is not None else -1) - start.get(stage, -1))
                 for stage in progress), default=0)
     lag = (utcnow() - as_utc(run.last_commit_at)).total_seconds() if run.last_commit_at else None
+    seen = {"run": run.id, "batches": done, "lag_seconds": lag, "launched_at": as_utc(run.submitted_at).timestamp()}
     if run.state not in jobs.LIVE:
-        return Stability(False, f"run {run.id} is {run.state}: {gist(run.error)}", run.id, done, lag, ended=True)
+        return Stability(False, f"run {run.id} is {run.state}: {gist(run.error)}", ended=True, **seen)
     if done < batches:
-        return Stability(False, f"{done} of {batches} batches committed", run.id, done, lag)
+        return Stability(False, f"{done} of {batches} batches committed", **seen)
     if lag is None or lag > max_lag_seconds:
-        return Stability(False, f"its last commit is {lag or 0:.0f} s old, over {max_lag_seconds:.0f} s", run.id,
-                         done, lag)
-    return Stability(True, f"{done} batches committed, the last {lag:.1f} s ago", run.id, done, lag)
+        return Stability(False, f"its last commit is {lag or 0:.0f} s old, over {max_lag_seconds:.0f} s", **seen)
+    return Stability(True, f"{done} batches committed, the last {lag:.1f} s ago", **seen)
 
 
 def gist(error: str | None) -> str:
