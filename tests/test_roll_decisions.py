@@ -11,7 +11,7 @@ from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Event, Job, JobRun, Member, utcnow
 from changeover.settings import Settings
-from changeover.upgrade import roll, upgrades
+from changeover.upgrade import recovery, roll, upgrades
 from changeover.upgrade.windows import DrainWindow
 from fake_fleet import FakeFleet
 from sqlalchemy import select
@@ -61,20 +61,25 @@ def test_an_empty_fleet_rolls_member_by_member_and_the_old_group_goes_away(fleet
     assert _versions(fleet.settings) == dict.fromkeys(("m1", "m2", "m3"), ("4.3.0", "ACTIVE"))
 
 
-def test_a_block_shutdown_job_holds_its_members_restart_until_it_finishes(fleet: FakeFleet) -> None:
+def _block_shutdown_job_on(fleet: FakeFleet, member: str) -> str:
+    """A blockShutdown job's driver on `member`: its drain waits for it. Returns the driver's submission id."""
     with session_scope(fleet.settings.database_url) as s:
-        host = s.get(Member, "m1").host
+        host = s.get(Member, member).host
     submission = fleet.master("4.2.0").create({"appArgs": []})
     fleet.driver(submission).host = host
     with session_scope(fleet.settings.database_url) as s:
         s.add(Job(name="report", module="m", fault_tolerant=False, block_shutdown=True, options={}))
         s.flush()
         run = JobRun(job="report", spark_version="4.2.0", master_url="spark://fake", state="RUNNING", progress={},
-                     member="m1", submission_id=submission, heartbeat_at=utcnow())
+                     member=member, submission_id=submission, heartbeat_at=utcnow())
         s.add(run)
         s.flush()
         s.get(Job, "report").make_current(run)
+    return submission
 
+
+def test_a_block_shutdown_job_holds_its_members_restart_until_it_finishes(fleet: FakeFleet) -> None:
+    submission = _block_shutdown_job_on(fleet, "m1")
     waiting = _roll_until_it_waits(fleet)
     assert (waiting.current, waiting.drain.wait) == ("m1", ["report"])
     # still at its version, taking no new work while the job runs on
@@ -112,3 +117,21 @@ def test_a_drain_begun_outside_the_upgrade_stops_the_roll_with_what_to_do(settin
                                               r"changeover upgrade member spare --to VERSION"):
         roll.step(settings, fleet, KEY)
     assert _versions(settings)["m1"] == ("4.2.0", "ACTIVE")  # nothing was drained
+
+
+def test_an_abort_mid_drain_returns_the_member_at_its_version_and_frees_the_upgrade(fleet: FakeFleet) -> None:
+    """m1's drain waits for a blockShutdown job when the upgrade is aborted."""
+    submission = _block_shutdown_job_on(fleet, "m1")
+    assert _roll_until_it_waits(fleet).current == "m1"
+    assert _versions(fleet.settings)["m1"] == ("4.2.0", "DRAINING")
+    status = recovery.abort(fleet.settings, fleet, KEY, "a person changed their mind")  # type: ignore[arg-type]
+    assert status["status"] == "ABORTED"
+    assert _versions(fleet.settings) == dict.fromkeys(("m1", "m2", "m3"), ("4.2.0", "ACTIVE"))
+    # a running job that is not fault-tolerant is never killed to undo a drain: its worker stays decommissioned
+    assert fleet.is_decommissioned("m1") and fleet.driver(submission).state == "RUNNING"
+    with session_scope(fleet.settings.database_url) as s:
+        events = [(e.action, e.subject, e.details.get("still_decommissioned")) for e in s.scalars(select(Event).where(
+            Event.action.in_(("drain.abort", "upgrade.abort"))).order_by(Event.id))]
+    assert events == [("drain.abort", "m1", True), ("upgrade.abort", KEY, None)]
+    upgrades.begin(fleet.settings, "rolling_upgrade/r2", "4.3.0", dict.fromkeys(("m1", "m2", "m3"), "4.2.0"))
+    assert recovery.abort(fleet.settings, fleet, KEY, "again")["status"] == "ABORTED"  # a retry changes nothing
