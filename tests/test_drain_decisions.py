@@ -4,6 +4,7 @@ as its driver and its master would report it, and checks which list `drain.plan`
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
 from datetime import timedelta
 from typing import Any
 
@@ -116,3 +117,47 @@ def test_a_master_that_does_not_answer_leaves_the_job_where_it_was(fleet: FakeFl
     assert drain.plan(fleet.settings, fleet, "m1").stopping == [name]
     with session_scope(fleet.settings.database_url) as s:
         assert s.get(JobRun, s.get(Job, name).current_run_id).ended_at is None
+
+
+FT = drain.JobSeen("moving", fault_tolerant=True, block_shutdown=False, shutdown_timeout=30, live=True,
+                   asked_to_stop=False)
+OTHER = drain.JobSeen("report", fault_tolerant=False, block_shutdown=False, shutdown_timeout=30, live=True,
+                      asked_to_stop=False)
+DRAINING = drain.Seen("m1", "DRAINING", draining_for=10.0, decommissioned=True)
+
+# (case, seen, what the plan says: its non-empty fields)
+DECISIONS = [
+    ("already drained", drain.Seen("m1", "UPGRADING", jobs=(FT,)), {"status": "DRAINED"}),
+    ("another member mid-upgrade", drain.Seen("m1", "ACTIVE", busy_elsewhere=("m2",), jobs=(FT,)),
+     {"status": "ACTIVE", "blocked_by": ["m2"]}),
+    ("a fault-tolerant job is saved", drain.Seen("m1", "ACTIVE", jobs=(FT,)), {"status": "ACTIVE", "save": ["moving"]}),
+    ("its standby warms", replace(DRAINING, jobs=(replace(FT, warming=True),)),
+     {"warming": ["moving"], "decommissioned": True}),
+    ("asked to stop, finishing its batch", replace(DRAINING, jobs=(replace(FT, asked_to_stop=True),)),
+     {"stopping": ["moving"], "decommissioned": True}),
+    ("parked, to be saved and resumed elsewhere", replace(DRAINING, jobs=(replace(FT, live=False),),
+                                                         moving_off=frozenset({"moving"})),
+     {"stopped": ["moving"], "decommissioned": True}),
+    ("blockShutdown: waited for", replace(DRAINING, jobs=(replace(OTHER, block_shutdown=True),)),
+     {"wait": ["report"], "decommissioned": True}),
+    ("within its shutdown timeout", replace(DRAINING, jobs=(OTHER,)), {"grace": {"report": 20.0},
+                                                                       "decommissioned": True}),
+    ("the drain's cap is shorter", replace(DRAINING, jobs=(OTHER,), shutdown_cap=15),
+     {"grace": {"report": 5.0}, "decommissioned": True}),
+    ("past its shutdown timeout: cancelled", replace(DRAINING, jobs=(OTHER,), draining_for=31.0),
+     {"cancel": ["report"], "decommissioned": True}),
+    ("moved, its successor's first batch pending", replace(DRAINING, moving_off=frozenset({"moving"})),
+     {"handoff": ["moving"], "decommissioned": True}),
+    ("empty, others' executors within their grace", replace(DRAINING, executors=2, executor_grace_left=12.34),
+     {"decommissioned": True, "executors": 2, "executor_grace": 12.3}),
+    ("empty, others' executors past their grace", replace(DRAINING, executors=2, executor_grace_left=-1.0),
+     {"decommissioned": True, "executors_left": 2}),
+    ("empty and decommissioned: ready for its restart", DRAINING, {"decommissioned": True}),
+]
+
+
+@pytest.mark.parametrize(("seen", "expected"), [c[1:] for c in DECISIONS], ids=[c[0] for c in DECISIONS])
+def test_a_drains_plan_from_what_it_sees(seen: drain.Seen, expected: dict[str, Any]) -> None:
+    planned, empty = drain.decide(seen), drain.DrainPlan(member="m1", status="")
+    said = {k: v for k, v in asdict(planned).items() if k != "member" and v != getattr(empty, k)}
+    assert said == {"status": seen.status, **expected}

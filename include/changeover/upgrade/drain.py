@@ -4,13 +4,13 @@ Fault-tolerant jobs are stopped with a savepoint at once and resumed elsewhere; 
 jobs are waited for until they finish; any other job is waited for up to its shutdown_timeout,
 then cancelled. The worker is decommissioned once the fault-tolerant jobs on it have reached a
 batch boundary: decommissioning first would take away the executors a batch needs to finish when
-the member is the last of its version group. `plan` only observes; `step` acts on what `plan` saw,
-in small idempotent steps.
+the member is the last of its version group. `plan` observes and `decide`, a pure function, makes
+the plan of what it saw; `step` acts on that plan, in small idempotent steps.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -118,50 +118,99 @@ def _killed_since(job: Job, run: JobRun, since: datetime | None) -> bool:
             and run.ended_at is not None and as_utc(run.ended_at) >= as_utc(since))
 
 
-def plan(settings: Settings, membership: Membership, member: str, shutdown_timeout: int | None = None) -> DrainPlan:
-    """What draining `member` waits for now. shutdown_timeout caps each job's own timeout."""
-    with session_scope(settings.database_url) as s:
-        row = get_member(s, member)
-        status, started = row.status, row.drain_started_at
-        others = s.scalars(select(Member.name).where(Member.name != member, Member.status.in_(BUSY))).all()
-    result = DrainPlan(member=member, status=status)
-    if status in ("DRAINED", "UPGRADING", "STOPPED"):
-        result.status = "DRAINED" if status != "STOPPED" else status
+@dataclass(frozen=True)
+class JobSeen:
+    """A job whose current run is on the member, as the drain's plan sees it."""
+    name: str
+    fault_tolerant: bool
+    block_shutdown: bool
+    shutdown_timeout: int
+    live: bool  # its run is submitted or running
+    asked_to_stop: bool  # asked to stop or to move: its driver finishes its batch
+    warming: bool = False  # a standby of its run starts on the target (`warm`)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What draining a member waits for, observed: `decide` makes the plan of it."""
+    member: str
+    status: str
+    busy_elsewhere: tuple[str, ...] = ()  # other members mid-upgrade
+    jobs: tuple[JobSeen, ...] = ()
+    draining_for: float = 0.0  # seconds since its drain began
+    shutdown_cap: int | None = None  # caps each job's own shutdown timeout
+    moving_off: frozenset[str] = frozenset()  # parked here until their successors write, or first batches pending
+    decommissioned: bool = False
+    executors: int = 0  # other members' executors still on its decommissioned worker
+    executor_grace_left: float = 0.0
+
+
+def decide(seen: Seen) -> DrainPlan:
+    """Seed 000's rules over what the drain sees: fault-tolerant jobs are saved and moved, blockShutdown jobs
+    waited for, any other waited for up to its shutdown timeout, then cancelled; one member at a time."""
+    result = DrainPlan(member=seen.member, status=seen.status)
+    if seen.status in ("DRAINED", "UPGRADING", "STOPPED"):
+        result.status = "DRAINED" if seen.status != "STOPPED" else seen.status
         return result
-    if status == "ACTIVE" and others:
-        result.blocked_by = list(others)
+    if seen.status == "ACTIVE" and seen.busy_elsewhere:
+        result.blocked_by = list(seen.busy_elsewhere)
         return result
-    now = utcnow()
-    for job, run in jobs_on(settings, membership, member, started if status == "DRAINING" else None):
+    for job in seen.jobs:
         if job.fault_tolerant:
-            if run.state not in jobs.LIVE:
+            if not job.live:
                 result.stopped.append(job.name)
-            elif job.desired in STOPPING:
+            elif job.asked_to_stop:
                 result.stopping.append(job.name)
             else:
-                (result.warming if _warming(settings, membership, run) else result.save).append(job.name)
+                (result.warming if job.warming else result.save).append(job.name)
         elif job.block_shutdown:
             result.wait.append(job.name)
         else:
-            begun: datetime = as_utc(started) if started else now
-            timeout = min(job.shutdown_timeout, shutdown_timeout if shutdown_timeout is not None else 1 << 30)
-            left = timeout - (now - begun).total_seconds()
+            timeout = min(job.shutdown_timeout, seen.shutdown_cap if seen.shutdown_cap is not None else 1 << 30)
+            left = timeout - seen.draining_for
             if left > 0:
                 result.grace[job.name] = round(left, 1)
             else:
                 result.cancel.append(job.name)
-    if status == "DRAINING":
-        result.handoff = sorted(({run.job for run in jobs.parked_runs_on(settings, membership, member)}
-                                 | set(_first_batch_pending(settings, member, started)))
-                                - set(result.stopped) - set(result.stopping))
-        result.decommissioned = membership.is_decommissioned(member)
+    if seen.status == "DRAINING":
+        result.handoff = sorted(seen.moving_off - set(result.stopped) - set(result.stopping))
+        result.decommissioned = seen.decommissioned
         if result.decommissioned and not result.jobs_left:
-            count = membership.executors_on(member)
-            left = _executor_grace_left(settings, member, started, shutdown_timeout, now) if count else 0.0
-            if left > 0:
-                result.executors, result.executor_grace = count, round(left, 1)
+            if seen.executors and seen.executor_grace_left > 0:
+                result.executors, result.executor_grace = seen.executors, round(seen.executor_grace_left, 1)
             else:
-                result.executors_left = count
+                result.executors_left = seen.executors
+    return result
+
+
+def plan(settings: Settings, membership: Membership, member: str, shutdown_timeout: int | None = None) -> DrainPlan:
+    """What draining `member` waits for now: observed, then `decide`d. shutdown_timeout caps each job's own."""
+    with session_scope(settings.database_url) as s:
+        row = get_member(s, member)
+        status, started = row.status, row.drain_started_at
+        others = s.scalars(select(Member.name).where(Member.name != member, Member.status.in_(BUSY))).all()
+    seen = Seen(member, status, tuple(others), shutdown_cap=shutdown_timeout)
+    if status in ("DRAINED", "UPGRADING", "STOPPED") or (status == "ACTIVE" and others):
+        return decide(seen)
+    now = utcnow()
+    draining = status == "DRAINING"
+    found = []
+    for job, run in jobs_on(settings, membership, member, started if draining else None):
+        live = run.state in jobs.LIVE
+        asked = job.desired in STOPPING
+        found.append(JobSeen(job.name, job.fault_tolerant, job.block_shutdown, job.shutdown_timeout, live, asked,
+                             job.fault_tolerant and live and not asked and _warming(settings, membership, run)))
+    seen = replace(seen, jobs=tuple(found), draining_for=(now - as_utc(started)).total_seconds() if started else 0.0)
+    if not draining:
+        return decide(seen)
+    seen = replace(seen, decommissioned=membership.is_decommissioned(member), moving_off=frozenset(
+        {run.job for run in jobs.parked_runs_on(settings, membership, member)}
+        | set(_first_batch_pending(settings, member, started))))
+    result = decide(seen)
+    if result.decommissioned and not result.jobs_left:  # only then are its executors looked at
+        count = membership.executors_on(member)
+        grace = _executor_grace_left(settings, member, started, shutdown_timeout, now) if count else 0.0
+        result = decide(replace(seen, executors=count, executor_grace_left=grace))
     return result
 
 
