@@ -35,7 +35,7 @@ from changeover.cli import local_airflow
 from changeover.cli.generator import EPOCH, Generator
 from changeover.cluster import Membership, membership_for, wait_for
 from changeover.errors import ChangeoverError
-from changeover.jobs import moves
+from changeover.jobs import move_history
 from changeover.jobs.spark_settings import SparkSettings
 from changeover.registry.db import session_scope
 from changeover.registry.models import Event, JobRun
@@ -190,7 +190,7 @@ def rolling_upgrade(settings: Settings, work: Path) -> dict[str, Any]:
         if state != "success":
             raise ChangeoverError("the benchmark's rolling_upgrade", f"its DAG run {run_id} ended {state}",
                                   f"read the task logs under {airflow.home}/logs")
-        made = moves.of(settings, "rolled")
+        made = move_history.of(settings, "rolled")
         gaps = []
         for move in made:
             before, after = counts_checkpoint(settings, move.from_run), counts_checkpoint(settings, move.to_run)

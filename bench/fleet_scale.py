@@ -25,7 +25,7 @@ from changeover.registry.db import forget_engines, session_scope  # noqa: E402
 from changeover.registry.models import Member, UpgradeRun, utcnow  # noqa: E402
 from changeover.registry.schema import migrate  # noqa: E402
 from changeover.settings import Settings  # noqa: E402
-from changeover.upgrade import roll, upgrades  # noqa: E402
+from changeover.upgrade import lock, roll  # noqa: E402
 from simulated_fleet import VERSION, SimulatedFleet  # noqa: E402
 from sqlalchemy import create_engine, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
@@ -43,7 +43,7 @@ def _registry(base: str | None, folder: Path, label: str) -> str:
 def _draining(settings: Settings, fleet: SimulatedFleet, member: str) -> str:
     """An upgrade whose roll is draining `member`, as the trigger finds it between two steps."""
     key = "fleet-bench"
-    upgrades.begin(settings, key, "4.3.0", dict.fromkeys(fleet.hosts, VERSION))
+    lock.begin(settings, key, "4.3.0", dict.fromkeys(fleet.hosts, VERSION))
     roll.start(settings, key, list(fleet.hosts))
     with session_scope(settings.database_url) as s:
         run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == key))

@@ -12,7 +12,7 @@ from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Member
 from changeover.settings import Settings
-from changeover.upgrade import drain, recovery, roll, upgrades
+from changeover.upgrade import drain, lock, recovery, roll
 from sqlalchemy import select
 
 
@@ -49,7 +49,7 @@ def test_two_drains_begun_at_once_one_wins_and_the_other_is_told_why(settings: S
 
 def test_a_stopped_member_is_left_out_of_the_roll_with_the_way_back(settings: Settings) -> None:
     _members(settings, ("m1", "STOPPED"))
-    upgrades.begin(settings, "dag/run1", "4.3.0", {"m1": "4.2.0"})
+    lock.begin(settings, "dag/run1", "4.3.0", {"m1": "4.2.0"})
     roll.start(settings, "dag/run1", ["m1"])
     status = roll.step(settings, LocalCluster(settings), "dag/run1")
     assert status.done and status.phases == {"m1": "SKIPPED"}
@@ -59,18 +59,18 @@ def test_a_stopped_member_is_left_out_of_the_roll_with_the_way_back(settings: Se
 
 
 def test_a_failed_upgrade_takes_its_lock_back_only_when_no_other_holds_it(settings: Settings) -> None:
-    upgrades.begin(settings, "dag/a", "4.3.0", {})
-    upgrades.release(settings, "dag/a", "FAILED", "a task failed")
-    upgrades.begin(settings, "dag/b", "4.3.0", {})
+    lock.begin(settings, "dag/a", "4.3.0", {})
+    lock.release(settings, "dag/a", "FAILED", "a task failed")
+    lock.begin(settings, "dag/b", "4.3.0", {})
     with pytest.raises(ChangeoverError, match="upgrade dag/b to 4.3.0 is still running"):
         recovery.resume(settings, "dag/a")
-    upgrades.release(settings, "dag/b", "SUCCEEDED", "done")
+    lock.release(settings, "dag/b", "SUCCEEDED", "done")
     with pytest.raises(ChangeoverError, match="only a FAILED upgrade can be resumed"):
         recovery.resume(settings, "dag/b")
     recovery.resume(settings, "dag/a")
     recovery.resume(settings, "dag/a")  # again: it holds the lock already
     assert recovery.status(settings, "dag/a")["status"] == "RUNNING"
-    upgrades.require_active(settings, "dag/a")
+    lock.require_active(settings, "dag/a")
     assert [e.action for e in audit.find(settings.database_url, upgrade="dag/a")] == [
         "upgrade.begin", "upgrade.end", "upgrade.resume"]
 
@@ -89,7 +89,7 @@ def test_verify_fails_an_upgrade_that_left_a_job_down_and_names_the_savepoint_it
         s.add(Member(name="m1", version="4.3.0", host="127.0.1.1", status="ACTIVE", pid=os.getpid(),
                      pid_started=processes.start_ticks(os.getpid())))
         s.add(Master(version="4.3.0", host="127.0.0.1", port=1, webui_port=2, rest_port=3, status="RUNNING"))
-    upgrades.begin(settings, "dag/up", "4.3.0", {"m1": "4.2.0"})
+    lock.begin(settings, "dag/up", "4.3.0", {"m1": "4.2.0"})
     roll.start(settings, "dag/up", ["m1"], live_jobs=["clicks", "stopped"])  # "old" was already down
     long_ago = utcnow() - timedelta(days=1)
     for name, desired, ended in (("clicks", "RUN", utcnow()), ("stopped", "STOP", utcnow()), ("old", "RUN", long_ago)):
@@ -111,4 +111,4 @@ def test_verify_fails_an_upgrade_that_left_a_job_down_and_names_the_savepoint_it
     assert "job clicks is down: its run 1 on Spark 4.3.0 ended FAILED (job clicks: PythonException: poisoned " \
            "event); the upgrade holds its savepoint drain-m1-run1-stop1" in said, said
     assert "stopped" not in said and "job old" not in said
-    assert upgrades.status(settings, "dag/up") == "RUNNING"  # not verified: the lock stays for the finish task
+    assert lock.status(settings, "dag/up") == "RUNNING"  # not verified: the lock stays for the finish task

@@ -69,7 +69,7 @@ def test_a_master_that_does_not_answer_keeps_the_trigger_polling(settings: Setti
     from changeover.cluster.ports import free_port
     from changeover.registry.db import session_scope
     from changeover.registry.models import Master, Member, UpgradeRun
-    from changeover.upgrade import roll, upgrades
+    from changeover.upgrade import lock, roll
     from changeover_airflow.triggers import ready
     from sqlalchemy import select
 
@@ -77,7 +77,7 @@ def test_a_master_that_does_not_answer_keeps_the_trigger_polling(settings: Setti
         s.add(Master(version="4.2.0", host="127.0.0.1", port=free_port(), webui_port=free_port(),
                      rest_port=free_port(), status="RUNNING"))
         s.add(Member(name="m1", version="4.2.0", host="127.0.1.1", status="DRAINING"))
-    upgrades.begin(settings, "dag/run", "4.3.0", {"m1": "4.2.0"})
+    lock.begin(settings, "dag/run", "4.3.0", {"m1": "4.2.0"})
     roll.start(settings, "dag/run", ["m1"])
     with session_scope(settings.database_url) as s:
         run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == "dag/run"))

@@ -25,7 +25,7 @@ from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Event, Job, JobRun, Master, Member, utcnow
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from changeover.upgrade import drain, relocate, roll, upgrades, verify, warm
+from changeover.upgrade import drain, lock, relocate, roll, verify, warm
 from changeover.upgrade.windows import DrainWindow
 from sqlalchemy import func, select
 
@@ -317,14 +317,14 @@ def test_one_upgrade_at_a_time_and_a_release_frees_the_lock(settings: Settings) 
     with pytest.raises(ChangeoverError, match="upgrade run-b: upgrade run-a to 4.3.0 is still running") as refused:
         verify.preflight(settings, LocalCluster(settings), "4.3.0", [], upgrade_key="run-b")
     assert "changeover upgrades release run-a" in str(refused.value)
-    assert upgrades.release(settings, "run-a", "FAILED", "test")
-    assert not upgrades.release(settings, "run-a", "FAILED", "test")
+    assert lock.release(settings, "run-a", "FAILED", "test")
+    assert not lock.release(settings, "run-a", "FAILED", "test")
     with pytest.raises(ChangeoverError, match="upgrade run-a: it has ended as FAILED"):
-        upgrades.require_active(settings, "run-a")  # a cleared task of the ended run changes nothing
+        lock.require_active(settings, "run-a")  # a cleared task of the ended run changes nothing
     with pytest.raises(ChangeoverError, match="upgrade run-a: it has ended as FAILED"):
         verify.preflight(settings, LocalCluster(settings), "4.3.0", [], upgrade_key="run-a")
     verify.preflight(settings, LocalCluster(settings), "4.3.0", ["m2"], upgrade_key="run-b")
-    assert [u["status"] for u in upgrades.list_upgrades(settings)] == ["FAILED", "RUNNING"]
+    assert [u["status"] for u in lock.list_upgrades(settings)] == ["FAILED", "RUNNING"]
 
 
 def test_outside_the_drain_window_no_drain_starts(settings: Settings) -> None:
@@ -593,7 +593,7 @@ def test_an_abort_whose_relaunch_fails_names_the_job_left_down_and_its_savepoint
     from changeover.upgrade import recovery
 
     _cluster_rows(settings)
-    upgrades.begin(settings, "up-1", "4.3.0", {})
+    lock.begin(settings, "up-1", "4.3.0", {})
     with session_scope(settings.database_url) as s:
         s.scalar(select(UpgradeRun).where(UpgradeRun.key == "up-1")).progress = {"jobs": ["clicks"]}
         s.add(Job(name="clicks", module="jobs.clicks", fault_tolerant=True, block_shutdown=False, options={},

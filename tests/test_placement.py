@@ -8,7 +8,7 @@ from changeover.cluster import LocalCluster
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Master, Member
 from changeover.settings import Settings
-from changeover.upgrade import drain, placement, roll, upgrades, verify, warm
+from changeover.upgrade import drain, lock, placement, roll, verify, warm
 
 
 def _members(settings: Settings, *specs: tuple[str, str]) -> None:
@@ -63,7 +63,7 @@ def test_a_moved_job_goes_to_the_target_once_it_has_a_member_though_the_old_grou
     settings: Settings,
 ) -> None:
     _members(settings, ("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.2.0"), ("m4", "4.2.0"))
-    upgrades.begin(settings, "run-1", "4.3.0", dict.fromkeys(["m1", "m2", "m3", "m4"], "4.2.0"))
+    lock.begin(settings, "run-1", "4.3.0", dict.fromkeys(["m1", "m2", "m3", "m4"], "4.2.0"))
     roll.start(settings, "run-1", ["m4", "m1", "m2", "m3"])
     _set(settings, "m4", "4.3.0")  # the first member is back at the target
     _set(settings, "m1", "4.2.0", "DRAINING")
@@ -84,7 +84,7 @@ def test_a_job_whose_standby_waits_on_the_target_keeps_it_though_the_standby_fil
     _job_on(settings, "a", "m1")
     _job_on(settings, "b", "m1")
     _job_on(settings, "c", "m1")
-    upgrades.begin(settings, "run-3", "4.3.0", dict.fromkeys(["m1", "m2", "m3", "m4"], "4.2.0"))
+    lock.begin(settings, "run-3", "4.3.0", dict.fromkeys(["m1", "m2", "m3", "m4"], "4.2.0"))
     roll.start(settings, "run-3", ["m4", "m1", "m2", "m3"])
     _set(settings, "m4", "4.3.0")
     _set(settings, "m1", "4.2.0", "DRAINING")
@@ -118,7 +118,7 @@ class _Masters:
 
 def test_a_partial_upgrade_keeps_moved_jobs_on_the_group_that_stays_largest(settings: Settings) -> None:
     _members(settings, ("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.2.0"), ("m4", "4.3.0"))
-    upgrades.begin(settings, "run-2", "4.3.0", {"m1": "4.2.0"})
+    lock.begin(settings, "run-2", "4.3.0", {"m1": "4.2.0"})
     roll.start(settings, "run-2", ["m1"])
     _set(settings, "m1", "4.2.0", "DRAINING")
 

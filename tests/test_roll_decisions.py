@@ -11,7 +11,7 @@ from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Event, Job, JobRun, Member, utcnow
 from changeover.settings import Settings
-from changeover.upgrade import recovery, roll, upgrades
+from changeover.upgrade import lock, recovery, roll
 from changeover.upgrade.windows import DrainWindow
 from fake_fleet import FakeFleet
 from sqlalchemy import select
@@ -23,7 +23,7 @@ KEY = "rolling_upgrade/r1"
 def fleet(settings: Settings) -> FakeFleet:
     fleet = FakeFleet(settings)
     fleet.up([("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.2.0")])
-    upgrades.begin(settings, KEY, "4.3.0", dict.fromkeys(("m1", "m2", "m3"), "4.2.0"))
+    lock.begin(settings, KEY, "4.3.0", dict.fromkeys(("m1", "m2", "m3"), "4.2.0"))
     roll.start(settings, KEY, ["m1", "m2", "m3"])
     return fleet
 
@@ -109,7 +109,7 @@ def test_outside_its_drain_window_no_member_is_drained(fleet: FakeFleet) -> None
 def test_a_drain_begun_outside_the_upgrade_stops_the_roll_with_what_to_do(settings: Settings) -> None:
     fleet = FakeFleet(settings)
     fleet.up([("m1", "4.2.0"), ("m2", "4.2.0"), ("spare", "4.2.0")])
-    upgrades.begin(settings, KEY, "4.3.0", {"m1": "4.2.0", "m2": "4.2.0"})
+    lock.begin(settings, KEY, "4.3.0", {"m1": "4.2.0", "m2": "4.2.0"})
     roll.start(settings, KEY, ["m1", "m2"])
     with session_scope(settings.database_url) as s:
         s.get(Member, "spare").status, s.get(Member, "spare").drain_started_at = "DRAINING", utcnow()
@@ -133,5 +133,5 @@ def test_an_abort_mid_drain_returns_the_member_at_its_version_and_frees_the_upgr
         events = [(e.action, e.subject, e.details.get("still_decommissioned")) for e in s.scalars(select(Event).where(
             Event.action.in_(("drain.abort", "upgrade.abort"))).order_by(Event.id))]
     assert events == [("drain.abort", "m1", True), ("upgrade.abort", KEY, None)]
-    upgrades.begin(fleet.settings, "rolling_upgrade/r2", "4.3.0", dict.fromkeys(("m1", "m2", "m3"), "4.2.0"))
+    lock.begin(fleet.settings, "rolling_upgrade/r2", "4.3.0", dict.fromkeys(("m1", "m2", "m3"), "4.2.0"))
     assert recovery.abort(fleet.settings, fleet, KEY, "again")["status"] == "ABORTED"  # a retry changes nothing

@@ -20,7 +20,7 @@ from changeover import audit, jobs, savepoints
 from changeover.cli.generator import Generator
 from changeover.cluster import LocalCluster, wait_for
 from changeover.errors import ChangeoverError
-from changeover.jobs import moves
+from changeover.jobs import move_history
 from changeover.jobs.spark_settings import SparkSettings
 from changeover.registry.db import session_scope
 from changeover.registry.models import SinkLedger
@@ -91,7 +91,7 @@ def test_the_guides_windowed_count_from_a_file_outside_the_checkout_moves_exact(
         words.write()
     with words.writing():
         move_to(live, "guide", "4.3.0")
-    assert [m.warm for m in moves.of(live.settings, "guide")] == [True]  # a standby was ready before the stop
+    assert [m.warm for m in move_history.of(live.settings, "guide")] == [True]  # a standby was ready before the stop
     for _ in range(12):
         words.write()
     words.flush()
@@ -185,7 +185,7 @@ def test_a_standby_killed_before_the_hand_over_leaves_the_job_running_and_the_mo
         generator.stop()
     wait_for(lambda: clicks.results(live.settings.database_url, "fallback")[0] == dict(generator.truth), 300,
              "job fallback catching up with every generated file")
-    assert [(m.from_run, m.warm) for m in moves.of(live.settings, "fallback")] == [(first.id, False)]
+    assert [(m.from_run, m.warm) for m in move_history.of(live.settings, "fallback")] == [(first.id, False)]
     cold = [e.details["reason"] for e in audit.find(live.settings.database_url, job="fallback")
             if e.action == "job.move.cold"]
     assert cold and f"its standby run {standby.id} ended KILLED" in cold[-1], cold
@@ -223,7 +223,7 @@ def test_a_standby_failing_after_the_hand_over_hands_the_job_back_to_its_parked_
              f"job {job} counting every generated event on 4.2.0")
     seqs = Counter(f * 1000 + i for f in range(generator.files) for i in range(generator.events_per_file))
     wait_for(lambda: _written_seqs(output) == seqs, 300, f"job {job} writing every event to its files once")
-    assert moves.of(live.settings, job) == []  # the failed standby never took the job over
+    assert move_history.of(live.settings, job) == []  # the failed standby never took the job over
     unparked = [e.details for e in audit.find(live.settings.database_url, job=job) if e.action == "job.unpark"]
     assert unparked and unparked[-1]["successor"] == standby, unparked
     jobs.cancel(live.settings, live.cluster, job, reason="test finished with it")

@@ -13,7 +13,7 @@ from changeover.cluster import Membership, membership_for
 from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.jobs import code_update
 from changeover.settings import Settings
-from changeover.upgrade import maintenance, member_upgrade, roll, upgrades, verify
+from changeover.upgrade import lock, maintenance, member_upgrade, roll, verify
 from changeover.upgrade.windows import DrainWindow
 
 from changeover_airflow.hooks import ChangeoverHook
@@ -183,7 +183,7 @@ class RebalanceJobsOperator(ChangeoverOperator):
     def execute(self, context: Any, event: dict[str, Any] | None = None, deadline: float | None = None) -> None:
         self._skip_if_dry_run(context)
         settings, cluster = self._setup(context)
-        upgrades.require_active(settings, upgrade_key(context))
+        lock.require_active(settings, upgrade_key(context))
         moving = member_upgrade.rebalance_step(settings, cluster, upgrade_key=upgrade_key(context))
         if moving:
             self.log.info("still moving: %s", moving)
@@ -225,14 +225,14 @@ class FinishUpgradeOperator(ChangeoverOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         key = upgrade_key(context)
-        released = upgrades.release(settings, key, "FAILED", "the run ended before verify succeeded", missing_ok=True)
+        released = lock.release(settings, key, "FAILED", "the run ended before verify succeeded", missing_ok=True)
         if context["ti"].xcom_pull(task_ids="preflight", key="skipped"):
             return  # nothing to upgrade this time: no upgrade began
-        if upgrades.status(settings, key) != "SUCCEEDED":
+        if lock.status(settings, key) != "SUCCEEDED":
             # the run's only leaf: failing here is what shows the run as failed in the UI
-            lock = "; its lock is released" if released else ""
+            freed = "; its lock is released" if released else ""
             raise AirflowFailException(
-                f"upgrade {key} did not succeed{lock}. Read the failed task's log for the reason. "
+                f"upgrade {key} did not succeed{freed}. Read the failed task's log for the reason. "
                 f"`changeover upgrade status {key}` shows where it stopped, `changeover upgrade abort {key}` returns "
                 f"its members to service, `changeover upgrade resume {key}` lets its cleared tasks go on")
 

@@ -20,7 +20,7 @@ import pytest
 from changeover import audit, faults, jobs
 from changeover.cli.generator import Generator
 from changeover.cluster import processes, wait_for
-from changeover.jobs import moves
+from changeover.jobs import move_history
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, utcnow
 from changeover.timeutil import as_utc
@@ -58,7 +58,7 @@ def _assert_exact(stack: Stack, name: str, generator: Generator) -> None:
 
 def _downtimes(stack: Stack, name: str) -> list[float]:
     """Seconds between a run's last commit and its successor's first commit, for each move."""
-    return [move.downtime for move in moves.of(stack.settings, name) if move.downtime is not None]
+    return [move.downtime for move in move_history.of(stack.settings, name) if move.downtime is not None]
 
 
 def _assert_rolled(stack: Stack, name: str) -> None:
@@ -68,7 +68,7 @@ def _assert_rolled(stack: Stack, name: str) -> None:
         ("m1", "4.3.0", "ACTIVE"), ("m2", "4.3.0", "ACTIVE"), ("m3", "4.3.0", "ACTIVE")}
     run = jobs.refresh(stack.settings, stack.cluster, name)
     assert run is not None and run.spark_version == "4.3.0" and run.state in jobs.LIVE
-    made = moves.of(stack.settings, name)
+    made = move_history.of(stack.settings, name)
     assert [(m.from_version, m.to_version) for m in made] == [("4.2.0", "4.3.0")], made
 
 

@@ -28,7 +28,7 @@ from changeover.runtime import KeyedTable
 from changeover.runtime.sinks import files
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from changeover.upgrade import drain, member_upgrade, recovery, relocate, roll, upgrades
+from changeover.upgrade import drain, lock, member_upgrade, recovery, relocate, roll
 from conftest import drivers_of
 from jobs import clicks
 from sqlalchemy import func, select
@@ -242,12 +242,12 @@ def test_a_new_version_that_fails_a_moved_job_stops_the_roll_and_an_abort_runs_i
     assert first is not None and first.member in ("a1", "a2")
     other = next(m for m in ("a1", "a2") if m != first.member)
     try:
-        upgrades.begin(settings, "faults/0", "4.3.0", {other: "4.2.0", first.member: "4.2.0"})
+        lock.begin(settings, "faults/0", "4.3.0", {other: "4.2.0", first.member: "4.2.0"})
         roll.start(settings, "faults/0", [other, first.member])  # the job's member last: no 4.2.0 member left
         with pytest.raises(NeedsOperator, match="(?s)job broken's run [0-9]+ on Spark 4.3.0 ended FAILED before "
                                                 "writing anything .*does not run on Spark 4.3.0.*nothing was lost"):
             _roll_until(settings, cluster, "faults/0", True, 600)
-        upgrades.release(settings, "faults/0", "FAILED", "its roll task failed")
+        lock.release(settings, "faults/0", "FAILED", "its roll task failed")
         back = jobs.refresh(settings, cluster, "broken")
         assert back is not None and back.id == first.id and back.state == "RUNNING"  # taken back, not moved again
         aborted_at = utcnow()
@@ -287,11 +287,11 @@ def test_an_upgrade_failed_mid_drain_is_aborted_clean_and_a_new_one_succeeds(
     try:
         monkeypatch.setenv(faults.SWITCH, "1")
         faults.arm(settings, "relocate.saved")  # the job parked and saved, its successor not yet launched
-        upgrades.begin(settings, "faults/1", "4.3.0", dict.fromkeys(order, "4.2.0"))
+        lock.begin(settings, "faults/1", "4.3.0", dict.fromkeys(order, "4.2.0"))
         roll.start(settings, "faults/1", order, ["aborted"])
         with pytest.raises(faults.InjectedFault):
             _roll_until(settings, cluster, "faults/1", True, 600)
-        upgrades.release(settings, "faults/1", "FAILED", "its roll task failed")  # as the finish task does
+        lock.release(settings, "faults/1", "FAILED", "its roll task failed")  # as the finish task does
         stuck = recovery.status(settings, "faults/1")
         assert stuck["jobs_asked_to_move"] == ["aborted"]
         assert [m["status"] for m in stuck["members"]][0] == "DRAINING"
@@ -328,12 +328,12 @@ def test_an_upgrade_failed_mid_drain_is_aborted_clean_and_a_new_one_succeeds(
         wait_for(lambda: _commits_after(settings, jobs.refresh(settings, cluster, "aborted").id, aborted_at),
                  180, "the job committing again after the abort")
 
-        upgrades.begin(settings, "faults/2", "4.3.0", dict.fromkeys(order, "4.2.0"))
+        lock.begin(settings, "faults/2", "4.3.0", dict.fromkeys(order, "4.2.0"))
         roll.start(settings, "faults/2", order)
         _roll_until(settings, cluster, "faults/2", True, 900)
         wait_for(lambda: not member_upgrade.rebalance_step(settings, cluster, "faults/2"), 300, "the job on 4.3.0",
                  interval=2.0)
-        upgrades.release(settings, "faults/2", "SUCCEEDED", "test")
+        lock.release(settings, "faults/2", "SUCCEEDED", "test")
     finally:
         generator.stop()
     run = jobs.refresh(settings, cluster, "aborted")

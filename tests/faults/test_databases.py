@@ -28,7 +28,7 @@ from changeover.registry.db import TRANSIENT, forget_engines, session_scope
 from changeover.registry.models import JobRun, Member, Savepoint, SinkLedger
 from changeover.registry.schema import migrate
 from changeover.settings import Settings
-from changeover.upgrade import drain, member_upgrade, relocate, roll, upgrades, verify
+from changeover.upgrade import drain, lock, member_upgrade, relocate, roll, verify
 from conftest import drivers_of
 from jobs import click_audit, clicks
 from pg_server import Server, own_server
@@ -90,7 +90,7 @@ def _begin_roll_to_430(settings: Settings, cluster: LocalCluster, job: str, key:
     """The job's member last, so its move goes to 4.3.0."""
     first = jobs.wait_until_committed(settings, cluster, job)
     other = next(m for m in ("r1", "r2") if m != first.member)
-    upgrades.begin(settings, key, "4.3.0", {other: "4.2.0", first.member: "4.2.0"})
+    lock.begin(settings, key, "4.3.0", {other: "4.2.0", first.member: "4.2.0"})
     roll.start(settings, key, [other, first.member], [job])  # as the preflight records the jobs running
 
 
@@ -141,7 +141,7 @@ def test_a_successor_killed_between_its_commit_in_the_users_database_and_the_reg
         down = verify.jobs_left_down(settings, cluster, "elsewhere/1")
         assert len(down) == 1 and down[0].startswith("job killed_after_commit is down: its run ") \
             and "on Spark 4.3.0 ended KILLED" in down[0], down
-        upgrades.release(settings, "elsewhere/1", "FAILED", "its verification named a job down")
+        lock.release(settings, "elsewhere/1", "FAILED", "its verification named a job down")
         jobs.submit(settings, cluster, "jobs.clicks", "killed_after_commit")  # as the verification's error says
         runs, writers = _exact_in_the_users_database(settings, cluster, users_server.url, "killed_after_commit",
                                                      generator)
@@ -187,7 +187,7 @@ def test_the_registry_stopped_between_a_commit_in_the_users_database_and_its_rec
         watcher.join(300)
         assert not watcher.is_alive() and not problems, problems
         assert verify.jobs_left_down(settings, cluster, "elsewhere/2") == []
-        upgrades.release(settings, "elsewhere/2", "SUCCEEDED", "test")
+        lock.release(settings, "elsewhere/2", "SUCCEEDED", "test")
         runs, writers = _exact_in_the_users_database(settings, cluster, users_server.url, "unrecorded", generator)
     finally:
         faults.release(settings, point)
@@ -263,7 +263,7 @@ def test_the_registry_restarted_mid_move_loses_nothing_and_the_roll_goes_on(
                     options={"landing": str(generator.landing), "lease_seconds": 60})
         first = jobs.wait_until_committed(settings, cluster, "restarted")
         other = next(m for m in ("r1", "r2") if m != first.member)
-        upgrades.begin(settings, "restart/1", "4.3.0", {other: "4.2.0", first.member: "4.2.0"})
+        lock.begin(settings, "restart/1", "4.3.0", {other: "4.2.0", first.member: "4.2.0"})
         roll.start(settings, "restart/1", [other, first.member])
 
         def handing_off() -> bool:  # the job parked on its member, its successor launched on 4.3.0
@@ -276,7 +276,7 @@ def test_the_registry_restarted_mid_move_loses_nothing_and_the_roll_goes_on(
         # A roll try that meets the restart fails; its retry goes on from the registry's record, as Airflow's would.
         wait_for(lambda: roll.step(settings, cluster, "restart/1", 30).done, 900, "the roll after the restart",
                  interval=2.0, retryable=TRANSIENT)
-        upgrades.release(settings, "restart/1", "SUCCEEDED", "test")
+        lock.release(settings, "restart/1", "SUCCEEDED", "test")
     finally:
         generator.stop()
     wait_for(lambda: clicks.results(settings.database_url, "restarted")[0] == dict(generator.truth), 300,

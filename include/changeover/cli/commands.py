@@ -24,7 +24,7 @@ from changeover.names import check_name
 from changeover.registry.schema import migrate, require_current
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from changeover.upgrade import drain, maintenance, member_upgrade, recovery, upgrades
+from changeover.upgrade import drain, lock, maintenance, member_upgrade, recovery
 
 app = typer.Typer(help="Upgrade running PySpark jobs without losing their state.", no_args_is_help=True)
 cluster_app = typer.Typer(help="Start, stop and inspect the local Spark cluster.", no_args_is_help=True)
@@ -366,7 +366,7 @@ def upgrades_list(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     """Every upgrade: its key (the Airflow run id), target, status, who started it and each member's phase."""
     if ctx.invoked_subcommand is not None:
         return
-    _emit(upgrades.list_upgrades(_settings()), as_json,
+    _emit(lock.list_upgrades(_settings()), as_json,
           [("KEY", "key"), ("TARGET", "target_version"), ("STATUS", "status"), ("ACTOR", "actor"),
            ("STARTED", "started_at"), ("MEMBERS", "phases")])
 
@@ -392,7 +392,7 @@ def maintenance_unmark(member: str) -> None:
 @upgrades_app.command("release")
 def upgrades_release(key: str) -> None:
     """End an upgrade whose Airflow run is gone as FAILED, so that a new one can start."""
-    if upgrades.release(_settings(), key, "FAILED", "released by hand"):
+    if lock.release(_settings(), key, "FAILED", "released by hand"):
         out.print(f"upgrade {key} released")
     else:
         out.print(f"upgrade {key} had ended already; nothing changed")

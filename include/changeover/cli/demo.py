@@ -17,7 +17,7 @@ from changeover.cli import local_airflow
 from changeover.cli.generator import Generator
 from changeover.cluster import Membership, membership_for, wait_for
 from changeover.cluster.runtimes import find_runtime, java_home
-from changeover.jobs import moves
+from changeover.jobs import move_history
 from changeover.registry.db import forget_engines, session_scope
 from changeover.registry.models import Event, JobRun
 from changeover.registry.schema import migrate
@@ -124,7 +124,7 @@ def _summary(settings: Settings, cluster: Membership, generator: Generator, wall
         console.print(line)
     downtimes: list[float] = []
     for row in jobs.list_jobs(settings):
-        made = moves.of(settings, row["name"])
+        made = move_history.of(settings, row["name"])
         for move in made:
             console.print(f"  {move.describe()}")
         downtimes += [m.downtime for m in made if m.downtime is not None]

@@ -19,7 +19,7 @@ from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, Savepoint, UpgradeRun
 from changeover.settings import Settings
-from changeover.upgrade import drain, relocate, upgrades, verify
+from changeover.upgrade import drain, lock, relocate, verify
 
 log = logging.getLogger(__name__)
 STUCK = ("DRAINING", "DRAINED", "UPGRADING")
@@ -96,7 +96,7 @@ def resume(settings: Settings, key: str) -> None:
                                   "only a FAILED upgrade can be resumed; trigger a new run of the DAG instead")
         holder = s.scalar(select(UpgradeRun).where(UpgradeRun.active.is_not(None)))
         if holder is not None:
-            raise upgrades.busy(key, holder)
+            raise lock.busy(key, holder)
         run = lock_row(s, UpgradeRun, run.id)
         run.status, run.active, run.finished_at = "RUNNING", 1, None
         audit.record(s, "upgrade.resume", "upgrade", key)

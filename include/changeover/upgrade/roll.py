@@ -20,7 +20,7 @@ from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Member, UpgradeRun, utcnow
 from changeover.settings import Settings
-from changeover.upgrade import drain, maintenance, member_upgrade, upgrades
+from changeover.upgrade import drain, lock, maintenance, member_upgrade
 from changeover.upgrade.windows import DrainWindow, may_start_drain
 
 PENDING, DRAINING, UPGRADED, SKIPPED = "PENDING", "DRAINING", "UPGRADED", "SKIPPED"
@@ -64,7 +64,7 @@ def step(
     now: datetime | None = None,
 ) -> RollStatus:
     """Advance the roll as far as it goes without waiting. Returns what it waits on, or done."""
-    upgrades.require_active(settings, upgrade_key)
+    lock.require_active(settings, upgrade_key)
     with session_scope(settings.database_url) as s:
         run = _upgrade(s, upgrade_key)
         target, order = run.target_version, list((run.progress or {}).get("order", []))

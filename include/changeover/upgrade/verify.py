@@ -16,7 +16,7 @@ from changeover.registry.db import session_scope
 from changeover.registry.models import Master, Member, Savepoint, UpgradeRun
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from changeover.upgrade import placement, roll, routing, upgrades, warm
+from changeover.upgrade import lock, placement, roll, routing, warm
 
 
 @dataclass(frozen=True)
@@ -65,13 +65,13 @@ def preflight(
     for name in {rows[n].version for n in todo}:
         cluster.master(name)  # each group being left must have a live master
     if not dry_run:
-        upgrades.begin(settings, upgrade_key, target, old)
+        lock.begin(settings, upgrade_key, target, old)
         todo = roll.start(settings, upgrade_key, todo, live)
     return UpgradePlan(target, todo, old, [j for j in jobs.list_jobs(settings) if j["state"] in jobs.LIVE], moves)
 
 
 def verify(settings: Settings, cluster: Membership, target: str, upgrade_key: str) -> dict[str, Any]:
-    upgrades.require_active(settings, upgrade_key)
+    lock.require_active(settings, upgrade_key)
     cluster.stop_empty_masters()  # an old group's, if the try that emptied it died first; an unused target's
     problems: list[str] = []
     with session_scope(settings.database_url) as s:
@@ -105,7 +105,7 @@ def verify(settings: Settings, cluster: Membership, target: str, upgrade_key: st
     if problems:  # the lock stays: a retry may still verify; the run's `finish` task releases it as FAILED
         raise ChangeoverError(f"upgrade {upgrade_key}", "; ".join(problems),
                               "look at the audit trail with `changeover events` and retry the failed task")
-    upgrades.release(settings, upgrade_key, "SUCCEEDED", "verified")
+    lock.release(settings, upgrade_key, "SUCCEEDED", "verified")
     return {"target_version": target, "members": members, "jobs": placed, "skipped": sorted(skipped)}
 
 
