@@ -21,6 +21,7 @@ from changeover.jobs import move_history
 from changeover.registry.db import forget_engines, session_scope
 from changeover.registry.models import Event, JobRun
 from changeover.registry.schema import migrate
+from changeover.registry.states import RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import verify
@@ -106,7 +107,7 @@ def _run(settings: Settings, cluster: Membership, job: str) -> JobRun:
 
 def _placed(settings: Settings, cluster: Membership, job: str) -> bool:
     run = _run(settings, cluster, job)
-    return run.state == "RUNNING" and run.member is not None
+    return run.state == RunState.RUNNING and run.member is not None
 
 
 def _summary(settings: Settings, cluster: Membership, generator: Generator, wall: float) -> int:

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from changeover import audit
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
-from changeover.registry.states import RunState
+from changeover.registry.states import Desired, RunState
 from changeover.runtime.sinks import WriteContext, from_description
 from changeover.timeutil import as_utc
 
@@ -94,7 +94,7 @@ def extend(url: str, job: str, run_id: int) -> float | None:
         row = lock_row(s, Job, job)
         run = s.get(JobRun, run_id)
         if row is None or run is None or not run.parked or run.lease_until is None \
-                or row.current_run_id != run_id or row.desired != "MOVE":
+                or row.current_run_id != run_id or row.desired != Desired.MOVE:
             return None
         length = length_of(row)
         until = utcnow() + timedelta(seconds=length)
@@ -139,9 +139,9 @@ class Verdict:
 
 def decide_parked(run: Parked) -> Verdict:
     """The parked run's rules, as a pure function of what it observes (tested as a table)."""
-    if run.ended or run.desired == "STOP" or run.taken_over_since:
+    if run.ended or run.desired == Desired.STOP or run.taken_over_since:
         # recorded as ended, stopped by a user, or some later run has taken over: never reclaim
-        return Verdict("exit", "job.stop" if run.desired == "STOP" else "job.handoff")
+        return Verdict("exit", "job.stop" if run.desired == Desired.STOP else "job.handoff")
     successor = run.successor
     if not run.current:
         if successor is not None and successor.wrote:
@@ -154,7 +154,7 @@ def decide_parked(run: Parked) -> Verdict:
             return Verdict("resume", "job.unpark", "its lease ran out before the successor wrote anything; the "
                            "successor is fenced", reclaim=True, run_again=True)
         return Verdict("wait")
-    if run.desired == "RUN":
+    if run.desired == Desired.RUN:
         return Verdict("resume", "job.unpark", "the stop was withdrawn")
     if not run.expired:
         return Verdict("wait")
@@ -179,7 +179,7 @@ def decide(url: str, job: str, run_id: int) -> Decision:
         verdict = decide_parked(Parked(
             ended=run.ended_at is not None, desired=row.desired, current=row.current_run_id == run_id,
             # read only when it can decide: an ended or stopped run exits whatever it says
-            taken_over_since=run.ended_at is None and row.desired != "STOP" and _taken_over_since(s, job, run_id),
+            taken_over_since=run.ended_at is None and row.desired != Desired.STOP and _taken_over_since(s, job, run_id),
             expired=run.lease_until is not None and now >= as_utc(run.lease_until), successor=seen))
         if verdict.decision == "exit":
             run.ended_at, run.lease_until = run.ended_at or now, None
@@ -191,7 +191,7 @@ def decide(url: str, job: str, run_id: int) -> Decision:
             if verdict.reclaim:
                 row.make_current(run)
             if verdict.run_again:
-                row.desired = "RUN"
+                row.desired = Desired.RUN
             _resume(s, job, run, str(verdict.reason),
                     **({"successor": seen.id if seen else None} if verdict.reclaim else {}))
         return verdict.decision

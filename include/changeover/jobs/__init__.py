@@ -24,7 +24,7 @@ from changeover.names import check_name
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
 from changeover.registry.records import LIVE, STANDBY, current_run, get_job
-from changeover.registry.states import RunState
+from changeover.registry.states import Desired, RunState
 from changeover.runtime import checkpoints
 from changeover.savepoints import get_savepoint, restore
 from changeover.settings import Settings
@@ -257,7 +257,7 @@ def _admit(settings: Settings, job_name: str, version: str, master: Any, checkpo
         desired_before = job.desired
         if intent.makes_current:
             job.make_current(run)
-            job.desired = "RUN"
+            job.desired = Desired.RUN
         # The launch's first half, on record with the run: its second (`job.launch`, with the master's
         # submission id) may be lost with the task, and the driver then reconciles it.
         audit.record(s, "job.launch.begin", "job", job_name, run=run.id, version=version,
@@ -276,7 +276,8 @@ def _lay_out(settings: Settings, admitted: _Admitted, copy_from: JobRun, checkpo
         raise
     with session_scope(settings.database_url) as s:  # still ours after the copy, which may have been slow
         job, mine = lock_row(s, Job, admitted.job), s.get(JobRun, admitted.run_id)
-        if job.current_run_id != admitted.run_id or mine is None or mine.ended_at is not None or job.desired == "STOP":
+        if (job.current_run_id != admitted.run_id or mine is None or mine.ended_at is not None
+                or job.desired == Desired.STOP):
             gone = ChangeoverError(f"launch of job {admitted.job}", "while its checkpoint was laid out, the run was "
                                    "ended, or superseded, or the job stopped", "retry the task to look again")
             s.rollback()
@@ -297,7 +298,7 @@ def _hand_back(settings: Settings, admitted: _Admitted, previous: int | None, ex
         assert run is not None
         if before is not None and job.current_run_id == run_id:
             job.make_current(before)
-            if job.desired == "RUN":  # what the launch set; a stop asked since is left as it is
+            if job.desired == Desired.RUN:  # what the launch set; a stop asked since is left as it is
                 job.desired = admitted.desired_before
         if run.ended_at is not None:
             return
@@ -378,7 +379,7 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
-        if run.submission_id is None and run.state == "SUBMITTED" and run.heartbeat_at is None:
+        if run.submission_id is None and run.state == RunState.SUBMITTED and run.heartbeat_at is None:
             _unaccepted(s, run)
         if run.submission_id is None or not (run.state in (*LIVE, STANDBY) or run.parked):
             return run
@@ -427,8 +428,8 @@ def observe(settings: Settings, membership: Membership, run_id: int) -> JobRun:
             run.state, run.ended_at = observed, run.ended_at or utcnow()
             audit.record(s, "job.end", "job", run.job, run=run.id, state=observed,
                          **({"reason": run.error} if run.error else {}))
-        elif observed == "RUNNING" and run.state == "SUBMITTED" and run.heartbeat_at is not None:
-            run.state = "RUNNING"
+        elif observed == "RUNNING" and run.state == RunState.SUBMITTED and run.heartbeat_at is not None:
+            run.state = RunState.RUNNING
         return run
 
 
@@ -501,7 +502,7 @@ def cancel(settings: Settings, membership: Membership, job_name: str, reason: st
             return
         # First, under the job's lock: a cancel is someone's intent, and no drain, rebalance or abort that sees
         # the run end afterwards brings the job back.
-        job.desired = "STOP"
+        job.desired = Desired.STOP
         version, submission, run_id = run.spark_version, run.submission_id, run.id
     _kill(settings, membership, run_id, version, submission, "KILLED", reason, "job.cancel")
 
@@ -569,7 +570,7 @@ def continue_ended_on(settings: Settings, membership: Membership, member: str, s
         return []
     with session_scope(settings.database_url) as s:
         ended = list(s.scalars(select(JobRun).join(Job, Job.current_run_id == JobRun.id).where(
-            Job.fault_tolerant.is_(True), Job.desired == "RUN", JobRun.member == member,
+            Job.fault_tolerant.is_(True), Job.desired == Desired.RUN, JobRun.member == member,
             JobRun.ended_at >= since, JobRun.state.in_((RunState.KILLED, RunState.STOPPED)))))
     continued = []
     for run in ended:

@@ -18,6 +18,7 @@ from changeover.errors import ChangeoverError
 from changeover.jobs.shipping import JobCode, store_job_code
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Savepoint, utcnow
+from changeover.registry.states import Desired
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import routing
@@ -134,7 +135,7 @@ def rollback(settings: Settings, membership: Membership, job: str, old_code: dic
         from_update = run is not None and run.from_savepoint == savepoint
     if on_old_code and live and from_update:
         return jobs.refresh(settings, membership, job)  # rolled back by an earlier try
-    if on_old_code and live and desired != "STOP":
+    if on_old_code and live and desired != Desired.STOP:
         return None
     if on_old_code and live:  # the update's stop is under way: let it end at its boundary, then resume
         wait_for(lambda: (r := jobs.refresh(settings, membership, job)) is None or r.state not in jobs.LIVE,

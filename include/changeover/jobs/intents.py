@@ -17,7 +17,7 @@ from changeover.errors import ChangeoverError
 from changeover.handoff import lease
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.registry.records import LIVE, current_run
-from changeover.registry.states import AT_A_BOUNDARY
+from changeover.registry.states import AT_A_BOUNDARY, Desired
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ReplaceParked:
 
     def admit(self, s: Session, job: Job) -> None:
         before = current_run(s, job)
-        if (job.current_run_id != self.run or job.desired != "MOVE" or before is None
+        if (job.current_run_id != self.run or job.desired != Desired.MOVE or before is None
                 or before.state not in AT_A_BOUNDARY
                 or (self.park is not None and before.parks != self.park)):
             raise ChangeoverError(f"launch of a successor to run {self.run} of job {job.name}",
@@ -65,7 +65,7 @@ class ContinueMove:
     makes_current: ClassVar[bool] = True
 
     def admit(self, s: Session, job: Job) -> None:
-        if job.desired != "MOVE" or job.current_run_id != self.run:
+        if job.desired != Desired.MOVE or job.current_run_id != self.run:
             raise ChangeoverError(f"launch of job {job.name} to continue its move", f"it is no longer asked "
                                   f"to move from run {self.run}: someone stopped it, or another run "
                                   "took over", "leave it as it is; retry the task to look at the job again")
@@ -81,7 +81,7 @@ class ContinueRun:
 
     def admit(self, s: Session, job: Job) -> None:
         ended = current_run(s, job)
-        if job.current_run_id != self.run or job.desired != "RUN" or ended is None or ended.ended_at is None:
+        if job.current_run_id != self.run or job.desired != Desired.RUN or ended is None or ended.ended_at is None:
             raise ChangeoverError(f"launch of job {job.name} to go on from run {self.run}",
                                   "that run is no longer the job's current, ended run, or the job was stopped",
                                   "leave it as it is: another launch went first, or someone stopped it")

@@ -29,7 +29,7 @@ from changeover.handoff import lease
 from changeover.registry import db
 from changeover.registry.db import TRANSIENT, lock_row, patiently, refused, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
-from changeover.registry.states import LIVE, RunState
+from changeover.registry.states import LIVE, Desired, RunState
 from changeover.runtime import checkpoints
 from changeover.runtime.contract import JobContext, Stage
 from changeover.runtime.queries import StageQueries
@@ -234,7 +234,7 @@ class Driver:
         with session_scope(self.url) as s:
             job = lock_row(s, Job, self.job)
             if job is not None and job.current_run_id == self.run_id and job.desired == wanted:
-                job.desired = "RUN"
+                job.desired = Desired.RUN
             audit.record(s, "job.stop_failed", "job", self.job, outcome="failed", run=self.run_id,
                          reason=f"a trigger was still active after {self.stop_deadline:.0f} s; the job keeps running")
 

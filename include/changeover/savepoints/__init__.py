@@ -36,7 +36,7 @@ from changeover.names import check_name, is_safe
 from changeover.registry.db import session_scope
 from changeover.registry.models import Savepoint, UpgradeRun, utcnow
 from changeover.registry.records import LIVE, current_run, get_job
-from changeover.registry.states import AT_A_BOUNDARY
+from changeover.registry.states import AT_A_BOUNDARY, Desired
 from changeover.runtime import checkpoints
 from changeover.runtime.sinks import Sink, WriteContext, from_description
 from changeover.savepoints.digests import DigestCache
@@ -59,7 +59,7 @@ def request_stop(settings: Settings, job_name: str, reason: str, move: bool = Fa
             raise ChangeoverError(f"savepoint of job {job_name}", "it is not fault-tolerant and has no checkpoint",
                                   "cancel it instead, or wait for it to finish")
         wanted = "MOVE" if move else "STOP"
-        if job.desired == "STOP" and move:
+        if job.desired == Desired.STOP and move:
             return  # a user's stop stands: a move never turns it into a park
         if job.desired != wanted:
             job.desired = wanted

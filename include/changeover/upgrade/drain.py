@@ -21,6 +21,7 @@ from changeover.cluster import Membership, get_member
 from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.registry.db import lock_all, session_scope
 from changeover.registry.models import STOPPING, Event, Job, JobRun, Member, utcnow
+from changeover.registry.states import Desired, MemberStatus, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import placement, relocate, warm
@@ -87,7 +88,7 @@ def jobs_on(settings: Settings, membership: Membership, member: str, since: date
             continue
         # A job asked to move is ours to save and resume until it runs elsewhere: stopped at a boundary, or
         # ended on the way there (its driver killed, its worker lost), never left behind.
-        if run.state in jobs.LIVE or job.desired == "MOVE" or _killed_since(job, run, since):
+        if run.state in jobs.LIVE or job.desired == Desired.MOVE or _killed_since(job, run, since):
             found.append((job, run))
     return found
 
@@ -114,7 +115,7 @@ def _first_batch_pending(settings: Settings, member: str, since: datetime | None
 def _killed_since(job: Job, run: JobRun, since: datetime | None) -> bool:
     """A fault-tolerant job still wanted whose run died during the drain before it was asked to stop (while its
     standby warmed, say): the drain moves it from its checkpoint, as one killed on its way to the move."""
-    return (since is not None and job.fault_tolerant and job.desired == "RUN" and run.state == "KILLED"
+    return (since is not None and job.fault_tolerant and job.desired == Desired.RUN and run.state == RunState.KILLED
             and run.ended_at is not None and as_utc(run.ended_at) >= as_utc(since))
 
 
@@ -263,7 +264,7 @@ def step(
             row = s.get(Member, member)
             assert row is not None
             waited = (utcnow() - as_utc(row.drain_started_at)).total_seconds() if row.drain_started_at else 0.0
-            row.status = "DRAINED"
+            row.status = MemberStatus.DRAINED
             audit.record(s, "drain.complete", "member", member, seconds=round(waited, 1),
                          **({"executors_left": after.executors_left} if after.executors_left else {}))
         after.status = "DRAINED"
@@ -323,7 +324,7 @@ def _begin(settings: Settings, current: DrainPlan) -> bool:
         rows = lock_all(s, Member)
         row = next(r for r in rows if r.name == current.member)
         current.blocked_by = [r.name for r in rows if r.name != current.member and r.status in BUSY]
-        if current.blocked_by or row.status != "ACTIVE":
+        if current.blocked_by or row.status != MemberStatus.ACTIVE:
             return False
         row.status, row.drain_started_at = "DRAINING", utcnow()
         saved = [*current.save, *current.warming, *current.stopping, *current.stopped]
@@ -405,7 +406,7 @@ def _refuse_failed_moves(settings: Settings, current: DrainPlan, upgrade_key: st
 
 def _not_serving(settings: Settings) -> list[str]:
     with session_scope(settings.database_url) as s:
-        return list(s.scalars(select(Member.name).where(Member.status != "ACTIVE")))
+        return list(s.scalars(select(Member.name).where(Member.status != MemberStatus.ACTIVE)))
 
 
 def _record(settings: Settings, action: str, member: str, job: str, **details: Any) -> None:

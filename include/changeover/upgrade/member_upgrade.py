@@ -10,7 +10,7 @@ from changeover.cluster.runtimes import check_version, find_runtime
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import STOPPING, Job
-from changeover.registry.states import AT_A_BOUNDARY
+from changeover.registry.states import AT_A_BOUNDARY, Desired, MemberStatus
 from changeover.settings import Settings
 from changeover.upgrade import relocate, routing
 
@@ -27,7 +27,7 @@ def upgrade_member(settings: Settings, cluster: Membership, member: str, version
         if status not in ("DRAINED", "UPGRADING", "STOPPED"):
             raise ChangeoverError(f"upgrade of member {member}", f"it is {status}, and jobs may still run on it",
                                   f"drain it first with `changeover drain {member}`")
-        row.status = "UPGRADING"
+        row.status = MemberStatus.UPGRADING
         audit.record(s, "member.upgrade.begin", "member", member, from_version=old, to_version=version)
     # Drained: no driver runs there, and executors still on it are past their grace (the drain's executors_left;
     # their drivers rerun their tasks), so no need to wait on its shutdown hooks. A half-restarted worker from a
@@ -47,8 +47,8 @@ def rebalance_step(settings: Settings, cluster: Membership, upgrade_key: str | N
     target = routing.target_version(settings)
     moving = []
     for job, run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True):
-        if run is None or job.desired == "STOP" or (run.state not in (*jobs.LIVE, *AT_A_BOUNDARY)
-                                                     and job.desired != "MOVE"):
+        if run is None or job.desired == Desired.STOP or (run.state not in (*jobs.LIVE, *AT_A_BOUNDARY)
+                                                     and job.desired != Desired.MOVE):
             continue  # not running, or stopped by a user: not ours to move; one ended mid-move still is
         if not relocate.step(settings, cluster, job.name, target, reason=f"rebalance-{target}",
                              upgrade_key=upgrade_key):

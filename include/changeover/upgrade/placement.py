@@ -20,6 +20,7 @@ from changeover.errors import ChangeoverError
 from changeover.jobs import LIVE
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Member, UpgradeRun
+from changeover.registry.states import MemberStatus
 from changeover.settings import Settings
 from changeover.upgrade import routing
 
@@ -109,7 +110,7 @@ def plan_moves(settings: Settings, target: str, members: list[str]) -> MovePlan:
     hosted = jobs_by_member(settings)
     order = sorted(members, key=lambda m: len(hosted.get(m, [])))  # stable: the user's order among equals
     with session_scope(settings.database_url) as s:
-        now = {m.name: m.version for m in s.scalars(select(Member).where(Member.status == "ACTIVE"))}
+        now = {m.name: m.version for m in s.scalars(select(Member).where(Member.status == MemberStatus.ACTIVE))}
     final = routing.largest_group(routing.groups_of(final_layout(settings, target, members))) if now else target
     layout, moves = dict(now), {}
     for member in order:

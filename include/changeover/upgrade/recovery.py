@@ -18,6 +18,7 @@ from changeover.cluster import Membership, get_member
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, Savepoint, UpgradeRun
+from changeover.registry.states import Desired
 from changeover.settings import Settings
 from changeover.upgrade import drain, lock, relocate, verify
 
@@ -32,7 +33,7 @@ def status(settings: Settings, key: str) -> dict[str, Any]:
         progress = run.progress or {}
         names = list(progress.get("order") or run.members)
         members = {m.name: m for m in s.scalars(select(Member).where(Member.name.in_(names)))}
-        stopping = list(s.scalars(select(Job.name).where(Job.desired == "MOVE").order_by(Job.name)))
+        stopping = list(s.scalars(select(Job.name).where(Job.desired == Desired.MOVE).order_by(Job.name)))
         held = [f"{sp.job}/{sp.name}" for sp in s.scalars(select(Savepoint).where(Savepoint.upgrade_key == key))]
         return {
             "key": run.key, "status": run.status, "target_version": run.target_version, "actor": run.actor,
@@ -130,7 +131,7 @@ def _return_to_service(settings: Settings, cluster: Membership, member: str, rea
 def _withdraw_moves(settings: Settings, cluster: Membership, reason: str) -> list[str]:
     """Jobs still asked to move run again where they are: a parked run resumes, an ended one continues."""
     with session_scope(settings.database_url) as s:
-        moving = list(s.scalars(select(Job.name).where(Job.desired == "MOVE")))
+        moving = list(s.scalars(select(Job.name).where(Job.desired == Desired.MOVE)))
         standing = list(s.scalars(select(JobRun.id).where(JobRun.standby_of.is_not(None),
                                                           JobRun.ended_at.is_(None))))
     for standby in standing:  # warm moves not yet asked to stop: the job still runs where it was

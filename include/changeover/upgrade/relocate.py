@@ -19,7 +19,7 @@ from changeover.handoff import lease
 from changeover.jobs.intents import ContinueMove, ContinueRun, ReplaceParked
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member
-from changeover.registry.states import AT_A_BOUNDARY, LIVE
+from changeover.registry.states import AT_A_BOUNDARY, LIVE, Desired, MemberStatus, RunState
 from changeover.runtime import checkpoints
 from changeover.settings import Settings
 from changeover.upgrade import warm
@@ -39,15 +39,16 @@ class Observed:
 def decide(seen: Observed) -> Decision:
     """The move's next step, from what it observes; `step` acts on it."""
     live = seen.state in LIVE
-    if live and seen.desired == "RUN" and seen.placed:
+    if live and seen.desired == Desired.RUN and seen.placed:
         return "done"
-    if seen.desired == "STOP":
+    if seen.desired == Desired.STOP:
         return "stopped_by_user"
     if live:
         return "stop"  # a warm successor first where there is room, then the stop at a boundary
     if seen.state in AT_A_BOUNDARY:
         return "save_and_launch"
-    if seen.state == "KILLED" and (seen.desired == "MOVE" or (seen.desired == "RUN" and seen.member_draining)):
+    wanted_here = seen.desired == Desired.RUN and seen.member_draining
+    if seen.state == RunState.KILLED and (seen.desired == Desired.MOVE or wanted_here):
         # Its driver died before it parked (killed, or its worker lost), asked to move or not yet: Spark's checkpoint
         # is whole as of its last commit, so the job goes on from there on the target. (A user's cancel leaves the
         # job desired STOP; an abort's restart returns the member to service, so it is no longer draining.)
@@ -74,7 +75,7 @@ def step(
 
     def observed(run: JobRun) -> Observed:
         placed = run.spark_version == target_version and (avoid_member is None or run.member != avoid_member)
-        return Observed(run.state, desired, placed, run.state == "KILLED" and _draining(settings, run.member))
+        return Observed(run.state, desired, placed, run.state == RunState.KILLED and _draining(settings, run.member))
 
     decision = decide(observed(run))
     if decision == "done":
@@ -84,7 +85,7 @@ def step(
                               f"resume it yourself with `changeover submit {job_name} --from-savepoint NAME`")
     if decision == "stop":
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
-        readiness = (warm.prepare(settings, membership, job_name, run, target_version) if desired == "RUN"
+        readiness = (warm.prepare(settings, membership, job_name, run, target_version) if desired == Desired.RUN
                      else _ready_standby(settings, membership, run.id))
         if readiness == "warming":
             return False  # the job runs on while its successor starts
@@ -116,7 +117,7 @@ def step(
                          "from its checkpoint, cold")
         root = checkpoints.new_checkpoint_root(settings, job_name)
         # the launch refuses if someone stopped the move, or the run, meanwhile
-        going_on = ContinueMove(run.id) if desired == "MOVE" else ContinueRun(run.id)
+        going_on = ContinueMove(run.id) if desired == Desired.MOVE else ContinueRun(run.id)
         jobs.launch(settings, membership, job_name, target_version, root, going_on, copy_from=run)
         return True
     raise ChangeoverError(f"move of job {job_name}", f"its run {run.id} ended as {run.state}",
@@ -132,15 +133,16 @@ def withdraw(settings: Settings, membership: Membership, job_name: str, reason: 
         _dismiss_standby(settings, membership, run.id, f"the move was withdrawn: {reason}")
     with session_scope(settings.database_url) as s:
         job = jobs.get_job(s, job_name)
-        if job.desired != "MOVE":
+        if job.desired != Desired.MOVE:
             return
         code = job.code or ""
-    if run is not None and not run.parked and (run.state == "KILLED" or (run.state == "STOPPED" and run.ended_at)):
+    ended = run is not None and (run.state == RunState.KILLED or (run.state == RunState.STOPPED and run.ended_at))
+    if run is not None and not run.parked and ended:
         jobs.submit(settings, membership, code, job_name)
     with session_scope(settings.database_url) as s:
         job = lock_row(s, Job, job_name)
-        if job.desired == "MOVE":
-            job.desired = "RUN"
+        if job.desired == Desired.MOVE:
+            job.desired = Desired.RUN
         audit.record(s, "job.stop_withdrawn", "job", job_name, reason=reason, **details)
 
 
@@ -149,7 +151,7 @@ def _draining(settings: Settings, member: str | None) -> bool:
     them where they were, not on the target."""
     with session_scope(settings.database_url) as s:
         row = s.get(Member, member) if member else None
-        return row is not None and row.status == "DRAINING"
+        return row is not None and row.status == MemberStatus.DRAINING
 
 
 def _ready_standby(settings: Settings, membership: Membership, run_id: int) -> warm.Readiness:
@@ -181,8 +183,8 @@ def failed_tries(settings: Settings, job_name: str, since: datetime) -> list[Job
         tries = list(s.scalars(select(JobRun).where(
             JobRun.job == job_name, JobRun.submitted_at >= since, JobRun.ended_at.is_not(None),
             JobRun.first_write_at.is_(None), JobRun.id != current,
-            or_(JobRun.standby_of.is_(None), JobRun.checkpoint_root.is_not(None), JobRun.state == "FAILED"))
+            or_(JobRun.standby_of.is_(None), JobRun.checkpoint_root.is_not(None), JobRun.state == RunState.FAILED))
             .order_by(JobRun.id.desc())))
-    if any(run.state == "FAILED" for run in tries) or len(tries) >= MAX_TRIES_PER_DRAIN:
+    if any(run.state == RunState.FAILED for run in tries) or len(tries) >= MAX_TRIES_PER_DRAIN:
         return tries
     return []

@@ -19,6 +19,7 @@ from changeover.cluster import Membership
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Member, UpgradeRun, utcnow
+from changeover.registry.states import MemberStatus
 from changeover.settings import Settings
 from changeover.upgrade import drain, lock, maintenance, member_upgrade
 from changeover.upgrade.windows import DrainWindow, may_start_drain
@@ -74,7 +75,7 @@ def step(
             continue
         with session_scope(settings.database_url) as s:
             row = s.get(Member, member)
-            at_target = row is not None and row.version == target and row.status == "ACTIVE"
+            at_target = row is not None and row.version == target and row.status == MemberStatus.ACTIVE
         if at_target:  # upgraded by an attempt that died before it recorded so
             _upgraded(settings, upgrade_key, member, target)
             continue

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Member
+from changeover.registry.states import MemberStatus
 from changeover.settings import Settings
 
 
@@ -20,7 +21,7 @@ def version_groups(settings: Settings, exclude: Iterable[str] = ()) -> dict[str,
     """Members by exact Spark version: a 4.2.1 executor fails tasks of a 4.2.0 driver."""
     skip = set(exclude)
     with session_scope(settings.database_url) as s:
-        layout = {m.name: m.version for m in s.scalars(select(Member).where(Member.status == "ACTIVE"))
+        layout = {m.name: m.version for m in s.scalars(select(Member).where(Member.status == MemberStatus.ACTIVE))
                   if m.name not in skip}
     return groups_of(layout)
 

@@ -14,6 +14,7 @@ from changeover.cluster.runtimes import check_version, find_runtime, java_home
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Master, Member, Savepoint, UpgradeRun
+from changeover.registry.states import Desired, MemberStatus, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import lock, placement, roll, routing, warm
@@ -84,7 +85,7 @@ def verify(settings: Settings, cluster: Membership, target: str, upgrade_key: st
         for name in [m for m in members if m not in skipped]:
             m = s.get(Member, name)
             running = m is not None and processes.is_running(m.pid, m.pid_started)
-            if m is None or m.version != target or m.status != "ACTIVE" or not running:
+            if m is None or m.version != target or m.status != MemberStatus.ACTIVE or not running:
                 problems.append(f"member {name} is {m.status if m else 'gone'} at {m.version if m else '?'}")
         in_use = set(s.scalars(select(Member.version).where(Member.status != "STOPPED")))
         for master in s.scalars(select(Master).where(Master.status == "RUNNING")):
@@ -118,9 +119,9 @@ def jobs_left_down(settings: Settings, cluster: Membership, upgrade_key: str) ->
         started = run.started_at if run else None
     down = []
     for job, job_run in jobs.refresh_all(settings, cluster, fault_tolerant_only=True):
-        unconfirmed = job_run is not None and job_run.state == "SUBMITTED" and job_run.submission_id is None \
+        unconfirmed = job_run is not None and job_run.state == RunState.SUBMITTED and job_run.submission_id is None \
             and job_run.heartbeat_at is None
-        if unconfirmed and job.name in watched and job.desired != "STOP":  # its launch's answer was lost
+        if unconfirmed and job.name in watched and job.desired != Desired.STOP:  # its launch's answer was lost
             down.append(f"job {job.name}: no master has confirmed the driver of its run {job_run.id}, launched "
                         f"without an answer; it may not run{_savepoint_hint(settings, upgrade_key, job.name)}")
         elif (job_run is None or job_run.state not in jobs.LIVE) and \
@@ -131,7 +132,7 @@ def jobs_left_down(settings: Settings, cluster: Membership, upgrade_key: str) ->
 
 def _down(settings: Settings, upgrade_key: str, job: Any, job_run: Any, watched: set[str],
           started: Any) -> str | None:
-    if job.name not in watched or job_run is None or job.desired == "STOP" or job_run.ended_at is None \
+    if job.name not in watched or job_run is None or job.desired == Desired.STOP or job_run.ended_at is None \
             or started is None or as_utc(job_run.ended_at) < as_utc(started):
         return None
     # ended during the upgrade, not by anyone's stop: e.g. its new version failed on its first batch

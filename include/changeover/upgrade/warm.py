@@ -27,7 +27,7 @@ from changeover.handoff import lease
 from changeover.jobs.intents import Standby
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
-from changeover.registry.states import RunState
+from changeover.registry.states import Desired, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import placement, routing
@@ -125,7 +125,7 @@ def wait_parked(settings: Settings, job_name: str, run_id: int, seconds: float) 
     while time.monotonic() < deadline:
         with session_scope(settings.database_url) as s:
             job, run = s.get(Job, job_name), s.get(JobRun, run_id)
-            if job is None or run is None or job.desired != "MOVE" or job.current_run_id != run_id:
+            if job is None or run is None or job.desired != Desired.MOVE or job.current_run_id != run_id:
                 return False
             if run.ended_at is not None:
                 return False
@@ -146,7 +146,7 @@ def hand_over(settings: Settings, job_name: str, standby_id: int, predecessor: i
         assert standby is not None
         if standby.ended_at is not None:
             return False
-        if (job.current_run_id != predecessor or job.desired != "MOVE" or before is None or not before.parked
+        if (job.current_run_id != predecessor or job.desired != Desired.MOVE or before is None or not before.parked
                 or before.parks != parks):
             raise ChangeoverError(f"hand-over of job {job_name} from run {predecessor} to its standby {standby_id}",
                                   "the run is no longer parked where its savepoint was taken (it resumed meanwhile, "
@@ -155,7 +155,7 @@ def hand_over(settings: Settings, job_name: str, standby_id: int, predecessor: i
         now = utcnow()
         standby.checkpoint_root, standby.from_savepoint, standby.state = str(root), savepoint, "RUNNING"
         job.make_current(standby)
-        job.desired = "RUN"
+        job.desired = Desired.RUN
         before.lease_until = now + timedelta(seconds=lease.length_of(job))
         audit.record(s, "job.hand_over", "job", job_name, run=standby_id, replaces=predecessor,
                      version=standby.spark_version, from_savepoint=savepoint,
