@@ -23,6 +23,7 @@ from changeover import savepoints
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun
 from changeover.registry.schema import migrate
+from changeover.registry.states import RunState
 from changeover.settings import Settings
 
 PARTITIONS = 4
@@ -67,7 +68,7 @@ def measure(settings: Settings, root: Path, work: Path, run_id: int, repeat: int
     for i in range(repeat):
         nxt.append(timed(savepoints.take, settings, "bench", f"next-{i}", mode="continue"))
     with session_scope(settings.database_url) as s:
-        s.get(JobRun, run_id).state = "STOPPED"
+        s.get(JobRun, run_id).state = RunState.PARKED
     for i in range(repeat):
         stop.append(timed(savepoints.take, settings, "bench", f"stop-{i}", mode="stop"))
     return {k: statistics.median(v) for k, v in {"cp": cp, "first": first, "next": nxt, "stop": stop}.items()}

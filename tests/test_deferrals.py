@@ -119,8 +119,10 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
     connection = {"conn_type": "generic", "extra": {"home": str(settings.home), "database_url": settings.database_url}}
     monkeypatch.setenv("AIRFLOW_CONN_CHANGEOVER_DEFAULT", json.dumps(connection))
     pushed: dict[str, object] = {}
+    resumed = {"run": run_id}  # what the resume task returned
     ti = SimpleNamespace(dag_id="update_job", run_id="r1", task_id="gate", try_number=1,
-                         xcom_push=lambda key, value: pushed.update({key: value}))
+                         xcom_push=lambda key, value: pushed.update({key: value}),
+                         xcom_pull=lambda task_ids: resumed if task_ids == "resume" else None)
     context = {"ti": ti, "params": {}, "dag_run": None}
     gate = StabilityGateOperator(task_id="gate", job="clicks", savepoint_name="update-1", batches=3,
                                  max_lag_seconds=60, gate_timeout=300)
@@ -138,6 +140,12 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
     with pytest.raises(TaskDeferred) as retried:
         in_task(gate.execute, context)
     assert retried.value.kwargs["deadline"] == deadline
+    resumed["run"] = run_id + 1  # the job's run is not the one the resume task started (a rollback's, say)
+    starting = time.time()
+    with pytest.raises(TaskDeferred) as other:
+        in_task(gate.execute, context)
+    assert starting + 300 <= other.value.kwargs["deadline"] <= time.time() + 300  # timed from this try's start
+    resumed["run"] = run_id
     assert ready("stable", "clicks", settings, None, trigger.params) == (
         False, {"stable": False, "reason": "1 of 3 batches committed"})
 

@@ -218,3 +218,8 @@ def test_a_run_parked_before_parked_was_a_state_is_parked_after_the_migration(da
     with session_scope(database_url) as s:
         runs = s.scalars(select(JobRun).order_by(JobRun.id)).all()
         assert [(r.state, r.parked) for r in runs] == [(RunState.PARKED, True), (RunState.STOPPED, False)]
+        # a driver launched before 0013 still parks as STOPPED with no end: still parked; a PARKED run that ended is not
+        legacy = JobRun(job="old", spark_version="4.2.0", master_url="spark://x", state="STOPPED", progress={})
+        ended = JobRun(job="old", spark_version="4.2.0", master_url="spark://x", state="PARKED", progress={},
+                       ended_at=utcnow())
+        assert legacy.parked and not ended.parked

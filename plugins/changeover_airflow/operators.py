@@ -374,15 +374,17 @@ class ResumeWithCodeOperator(ChangeoverOperator):
 class StabilityGateOperator(ChangeoverOperator):
     """Passes once the job's run has committed `batches` batches in every stage since its savepoint, without a
     failure, with its last commit younger than `max_lag_seconds`; fails, not retried, `gate_timeout` seconds after
-    the run's launch, whichever try of the task is running then. It waits in the triggerer, not in a worker slot."""
+    the launch of the run that `resume_task_id` started, whichever try of the task is running then (any other run,
+    a rollback's say, is timed from the try's start). It waits in the triggerer, not in a worker slot."""
 
     template_fields: Sequence[str] = ("job", "savepoint_name", "batches", "max_lag_seconds", "gate_timeout",
                                       "rename_stages")
 
     def __init__(self, *, job: str, savepoint_name: str, batches: Any = 5, max_lag_seconds: Any = 60,
-                 gate_timeout: Any = 300, rename_stages: Any = None, **kwargs: Any) -> None:
+                 gate_timeout: Any = 300, rename_stages: Any = None, resume_task_id: str = "resume",
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.job, self.savepoint_name = job, savepoint_name
+        self.job, self.savepoint_name, self.resume_task_id = job, savepoint_name, resume_task_id
         self.batches, self.max_lag_seconds, self.gate_timeout = batches, max_lag_seconds, gate_timeout
         self.rename_stages = rename_stages
 
@@ -393,8 +395,10 @@ class StabilityGateOperator(ChangeoverOperator):
         settings, cluster = self._setup(context)
         result = code_update.stability(settings, cluster, str(self.job), self.savepoint_name, int(self.batches),
                                   float(self.max_lag_seconds), self.rename_stages or {})
-        if deadline is None:  # a retry's first try counts from the same launch: the deadline never starts again
-            deadline = (result.launched_at or time.time()) + float(self.gate_timeout)
+        if deadline is None:  # a retry counts from the same launch as the first try: its deadline never starts again
+            resumed = context["ti"].xcom_pull(task_ids=self.resume_task_id) or {}
+            launched = result.launched_at if resumed.get("run") == result.run else None
+            deadline = (launched or time.time()) + float(self.gate_timeout)
         if not (result.stable or result.ended or time.time() >= deadline):
             self._defer("stable", str(self.job), settings, timeout=float(self.gate_timeout) + 60,
                         fire_by=datetime.fromtimestamp(deadline, UTC), deadline=deadline,

@@ -61,8 +61,8 @@ def park(url: str, job: str, run_id: int, progress: dict[str, int | None], secon
     with session_scope(url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
-        if run.parked:
-            return  # parked already: a retry whose first commit's answer was lost
+        if run.parked or run.ended_at is not None:
+            return  # parked already (a retry whose first commit's answer was lost), or ended meanwhile: left so
         now = utcnow()
         run.state, run.progress, run.heartbeat_at = RunState.PARKED, dict(progress), now
         run.parks = (run.parks or 0) + 1

@@ -24,7 +24,7 @@ from changeover.names import check_name
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
 from changeover.registry.records import LIVE, STANDBY, current_run, get_job
-from changeover.registry.states import Desired, RunState
+from changeover.registry.states import PARKED_FORMS, Desired, RunState
 from changeover.runtime import checkpoints
 from changeover.savepoints import get_savepoint, restore
 from changeover.settings import Settings
@@ -455,7 +455,7 @@ def parked_runs_on(settings: Settings, membership: Membership, member: str) -> l
     """Runs parked on a member whose drivers still live: they exit once their successors write."""
     with session_scope(settings.database_url) as s:
         ids = list(s.scalars(select(JobRun.id).where(
-            JobRun.member == member, JobRun.state == RunState.PARKED)))
+            JobRun.member == member, JobRun.state.in_(PARKED_FORMS), JobRun.ended_at.is_(None))))
     return [run for run in (observe(settings, membership, i) for i in ids) if run.parked]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from changeover.registry.states import Desired, RunState
+from changeover.registry.states import PARKED_FORMS, Desired
 
 
 def utcnow() -> datetime:
@@ -121,7 +121,8 @@ class JobRun(Base):
 
     @property
     def parked(self) -> bool:
-        return self.state == RunState.PARKED
+        # STOPPED with no end: how a driver launched before PARKED was a state (migration 0013) records its park
+        return self.state in PARKED_FORMS and self.ended_at is None
 
 
 class Savepoint(Base):

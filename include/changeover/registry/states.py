@@ -21,6 +21,7 @@ class RunState(StrEnum):
 
 LIVE = (RunState.SUBMITTED, RunState.RUNNING)
 AT_A_BOUNDARY = (RunState.PARKED, RunState.STOPPED)  # stopped on a whole batch, its savepoint a `stop` one
+PARKED_FORMS = AT_A_BOUNDARY  # with no end: a driver of a Changeover before PARKED parks as STOPPED
 
 
 class Desired(StrEnum):

@@ -27,7 +27,7 @@ from changeover.handoff import lease
 from changeover.jobs.intents import Standby
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
-from changeover.registry.states import Desired, RunState
+from changeover.registry.states import Desired
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import placement, routing
@@ -129,7 +129,7 @@ def wait_parked(settings: Settings, job_name: str, run_id: int, seconds: float) 
                 return False
             if run.ended_at is not None:
                 return False
-            if run.state == RunState.PARKED:
+            if run.parked:
                 return True
         time.sleep(PARK_POLL_SECONDS)
     return False
