@@ -52,7 +52,7 @@ class Member(Base):
     webui_port: Mapped[int | None]
     pid: Mapped[int | None]
     pid_started: Mapped[str | None] = mapped_column(String(32))
-    # ACTIVE | DRAINING | DRAINED | UPGRADING | STOPPED
+    # a `states.MemberStatus`
     status: Mapped[str] = mapped_column(String(16))
     drain_started_at: Mapped[datetime | None]
     maintenance: Mapped[str | None] = mapped_column(String(250))  # why it is marked for the next drain window
@@ -151,7 +151,7 @@ class UpgradeRun(Base):
     target_version: Mapped[str] = mapped_column(String(32))
     members: Mapped[dict[str, Any]] = mapped_column(default=dict)  # member -> old version
     status: Mapped[str] = mapped_column(String(16))  # RUNNING | SUCCEEDED | FAILED | ABORTED
-    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # member -> phase (DRAINING, UPGRADED, SKIPPED)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # member -> its `states.UpgradePhase`
     actor: Mapped[str | None] = mapped_column(String(250))  # who triggered it
     # 1 while RUNNING, else NULL: the unique constraint is the registry lock, one running upgrade at a time
     active: Mapped[int | None] = mapped_column(Integer, unique=True)

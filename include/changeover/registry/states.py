@@ -32,6 +32,15 @@ class Desired(StrEnum):
     STOP = "STOP"  # stop at a boundary and end
 
 
+class UpgradePhase(StrEnum):
+    """A member's phase in a rolling upgrade (an upgrade's progress)."""
+
+    PENDING = "PENDING"
+    DRAINING = "DRAINING"
+    UPGRADED = "UPGRADED"
+    SKIPPED = "SKIPPED"  # left out, with the reason beside it (stopped by hand, its drain window closed)
+
+
 class MemberStatus(StrEnum):
     """A member's status in a drain and an upgrade."""
 

@@ -20,7 +20,7 @@ from changeover.errors import ChangeoverError
 from changeover.jobs import LIVE
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Member, UpgradeRun
-from changeover.registry.states import MemberStatus
+from changeover.registry.states import MemberStatus, UpgradePhase
 from changeover.settings import Settings
 from changeover.upgrade import routing
 
@@ -82,7 +82,7 @@ def upgrade_destination(settings: Settings, exclude: Iterable[str], upgrade_key:
             run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
             target, phases = (run.target_version, dict((run.progress or {}).get("phases", {}))) if run else ("", {})
         if target:
-            after = final_layout(settings, target, [m for m, phase in phases.items() if phase != "SKIPPED"])
+            after = final_layout(settings, target, [m for m, phase in phases.items() if phase != UpgradePhase.SKIPPED])
     return destination(settings, exclude, after, free_cores_of(settings, membership) if membership else None)
 
 

@@ -18,7 +18,7 @@ from changeover.cluster import Membership, get_member
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, Savepoint, UpgradeRun
-from changeover.registry.states import Desired
+from changeover.registry.states import Desired, UpgradePhase
 from changeover.settings import Settings
 from changeover.upgrade import drain, lock, relocate, verify
 
@@ -38,7 +38,7 @@ def status(settings: Settings, key: str) -> dict[str, Any]:
         return {
             "key": run.key, "status": run.status, "target_version": run.target_version, "actor": run.actor,
             "locked": run.active is not None,
-            "members": [{"name": name, "phase": progress.get("phases", {}).get(name, "PENDING"),
+            "members": [{"name": name, "phase": progress.get("phases", {}).get(name, UpgradePhase.PENDING),
                          "status": members[name].status if name in members else "MISSING",
                          "version": members[name].version if name in members else None,
                          "reason": progress.get("reasons", {}).get(name)} for name in names],

@@ -19,12 +19,13 @@ from changeover.cluster import Membership
 from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Member, UpgradeRun, utcnow
-from changeover.registry.states import MemberStatus
+from changeover.registry.states import MemberStatus, UpgradePhase
 from changeover.settings import Settings
 from changeover.upgrade import drain, lock, maintenance, member_upgrade
 from changeover.upgrade.windows import DrainWindow, may_start_drain
 
-PENDING, DRAINING, UPGRADED, SKIPPED = "PENDING", "DRAINING", "UPGRADED", "SKIPPED"
+PENDING, DRAINING, UPGRADED, SKIPPED = UpgradePhase.PENDING, UpgradePhase.DRAINING, UpgradePhase.UPGRADED, \
+    UpgradePhase.SKIPPED
 
 
 @dataclass
