@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import update
 
@@ -355,13 +355,9 @@ class Driver:
         except TRANSIENT as exc:
             if self._stood_down_at is None or self._checkpoint_root is None:
                 raise
-            answer = "refused it" if refused(exc) else "did not answer"
-            reason = (f"stood down, it ended after {time.monotonic() - self._confirmed_at:.0f} s without confirming "
-                      f"that it is its job's current run: the registry {answer} "
-                      f"({str(exc.orig or exc).strip().splitlines()[0]})")
-            log.error("job %s run %s: %s", self.job, self.run_id, reason)
-            checkpoints.write_gave_up(self._checkpoint_root, reason)
-            raise GaveUp(reason) from exc
+            self._give_up(self._checkpoint_root, exc, f"stood down, it ended after "
+                          f"{time.monotonic() - self._confirmed_at:.0f} s without confirming that it is its job's "
+                          "current run")
 
     def confirm(self, queries: StageQueries) -> str:
         """`stop_state`, waited for. A run that stood down starts its queries again once the registry says it is
@@ -412,6 +408,15 @@ class Driver:
         log.info("job %s run %s: %s", self.job, self.run_id, decision)
         return decision == "resume"
 
+    def _give_up(self, checkpoint_root: Path, exc: Exception, how: str) -> NoReturn:
+        """End this run by itself, its reason beside its checkpoint (for the run's `job.end`): the registry refuses
+        it, or has not answered for its whole patience."""
+        answer = "refused it" if refused(exc) else "did not answer"
+        reason = f"{how}: the registry {answer} ({str(getattr(exc, 'orig', None) or exc).strip().splitlines()[0]})"
+        log.error("job %s run %s: %s", self.job, self.run_id, reason)
+        checkpoints.write_gave_up(checkpoint_root, reason)
+        raise GaveUp(reason) from exc
+
     def _decide(self, checkpoint_root: Path) -> lease.Decision:
         """The lease's decision; a registry that does not answer means wait, not fail: the run is parked on a
         clean boundary, and failing would leave it unresumable. It waits for the registry's patience at most, and not at
@@ -424,12 +429,8 @@ class Driver:
             self._unanswered_since = self._unanswered_since or now
             answered_no = refused(exc)
             if answered_no or now - self._unanswered_since > db.REGISTRY_PATIENCE_SECONDS:
-                reason = (f"parked, it gave up its lease and ended after {now - self._unanswered_since:.0f} s: the "
-                          f"registry {'refused it' if answered_no else 'did not answer'} "
-                          f"({str(exc.orig or exc).strip().splitlines()[0]})")
-                log.error("job %s run %s: %s", self.job, self.run_id, reason)
-                checkpoints.write_gave_up(checkpoint_root, reason)
-                raise GaveUp(reason) from exc
+                self._give_up(checkpoint_root, exc, f"parked, it gave up its lease and ended after "
+                              f"{now - self._unanswered_since:.0f} s")
             log.warning("%s: the database did not answer (%s); still parked", self.registry, exc)
             return "wait"
         self._unanswered_since = None
