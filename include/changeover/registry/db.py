@@ -24,7 +24,7 @@ _BUSY_WORDS = ("database is locked", "database is busy")  # SQLite: a lock not g
 _AWAY_WORDS = ("connection refused", "could not connect", "the database system is starting up",
                "the database system is shutting down", "the database system is in recovery mode",
                "too many clients", "server closed the connection", "connection timeout expired",
-               "timeout expired", "database is locked", "database is busy")
+               "timeout expired")
 
 
 def away(exc: BaseException) -> bool:
@@ -51,7 +51,7 @@ def transient(exc: BaseException) -> bool:
     if state:
         return state.startswith("08") or state in _RETRYABLE_SQLSTATES
     text = str(exc.orig).lower()
-    return any(word in text for word in _AWAY_WORDS)
+    return any(word in text for word in (*_AWAY_WORDS, *_BUSY_WORDS))
 # What a database says that no waiting clears: a refused password or role, a missing database, a read-only one.
 _REFUSAL_SQLSTATES = ("28P01", "28000", "3D000", "25006", "42501")
 _REFUSAL_WORDS = ("password authentication failed", "no password supplied", "does not exist",
