@@ -98,6 +98,7 @@ class FakeFleet:
         self.settings = settings
         self.masters: dict[str, FakeMaster] = {}
         self.executors: dict[str, int] = {}  # member -> executors left on its worker
+        self.connect_servers: dict[str, str] = {}  # member -> the version its Connect server runs
 
     # -- observation ----------------------------------------------------------------------------------
     def master(self, version: str) -> FakeMaster:  # type: ignore[override]
@@ -124,9 +125,9 @@ class FakeFleet:
         return master is None or master.worker_state(host) in (None, "DECOMMISSIONED", "DEAD")
 
     # -- actions ----------------------------------------------------------------------------------------
-    def up(self, specs: list[tuple[str, str]], master_port: int | None = None) -> None:
+    def up(self, specs: list[tuple[str, str]], master_port: int | None = None, light_jobs: bool = False) -> None:
         for name, version in specs:
-            self.start_worker(name, version)
+            self.start_worker(name, version, light_jobs=light_jobs)
 
     def down(self) -> list[str]:
         stopped = []
@@ -165,7 +166,7 @@ class FakeFleet:
     def stop_empty_masters(self) -> list[str]:
         return [v for v in sorted(self.masters) if self.stop_master_if_empty(v)]
 
-    def start_worker(self, member: str, version: str) -> None:
+    def start_worker(self, member: str, version: str, light_jobs: bool | None = None) -> None:
         self.ensure_master(version)
         with session_scope(self.settings.database_url) as s:
             row = s.get(Member, member)
@@ -173,14 +174,36 @@ class FakeFleet:
                 count = len(s.scalars(select(Member.name)).all())
                 row = Member(name=member, version=version, host=f"127.0.1.{count + 1}", status="STOPPED")
                 s.add(row)
+            if light_jobs is not None:
+                row.light_jobs = light_jobs
             row.version, row.status, row.drain_started_at = version, "ACTIVE", None
-            host = row.host
+            host, serves = row.host, row.light_jobs
             audit.record(s, "member.start", "member", member, version=version)
         for master in self.masters.values():
             master.workers.pop(host, None)
         self.masters[version].workers[host] = "ALIVE"
+        if serves:
+            self.start_connect(member)
+
+    # A member's Connect server, as the registry records it; nothing listens at its address (a fake).
+    def start_connect(self, member: str) -> str:
+        with session_scope(self.settings.database_url) as s:
+            row = get_member(s, member)
+            row.connect_port, row.connect_pid, row.connect_pid_started = 1, 1, "fake"
+            self.connect_servers[member] = row.version
+            return f"sc://{row.host}:1"
+
+    def stop_connect(self, member: str, grace: float = 0.0) -> bool:
+        with session_scope(self.settings.database_url) as s:
+            row = get_member(s, member)
+            row.connect_pid = row.connect_pid_started = None
+        return self.connect_servers.pop(member, None) is not None
+
+    def connect_running(self, member: str) -> bool:
+        return member in self.connect_servers
 
     def stop_worker(self, member: str, grace: float = 0.0) -> None:
+        self.stop_connect(member)
         with session_scope(self.settings.database_url) as s:
             row = get_member(s, member)
             host = row.host

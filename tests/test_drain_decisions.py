@@ -9,8 +9,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from changeover import light
+from changeover.light import ledger
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
+from changeover.registry.states import LightState
 from changeover.settings import Settings
 from changeover.upgrade import drain
 from fake_fleet import FakeFleet
@@ -123,6 +126,8 @@ FT = drain.JobSeen("moving", fault_tolerant=True, block_shutdown=False, shutdown
                    asked_to_stop=False)
 OTHER = drain.JobSeen("report", fault_tolerant=False, block_shutdown=False, shutdown_timeout=30, live=True,
                       asked_to_stop=False)
+LIGHT = drain.JobSeen("changeover-light-1", fault_tolerant=False, block_shutdown=True, shutdown_timeout=30, live=True,
+                     asked_to_stop=False, light=True)
 DRAINING = drain.Seen("m1", "DRAINING", draining_for=10.0, decommissioned=True)
 
 # (case, seen, what the plan says: its non-empty fields)
@@ -146,6 +151,11 @@ DECISIONS = [
      {"grace": {"report": 5.0}, "decommissioned": True}),
     ("past its shutdown timeout: cancelled", replace(DRAINING, jobs=(OTHER,), draining_for=31.0),
      {"cancel": ["report"], "decommissioned": True}),
+    ("a light SQL job (blockShutdown by default): waited for", replace(DRAINING, jobs=(LIGHT,), draining_for=3600),
+     {"wait": ["changeover-light-1"], "light": ["changeover-light-1"], "decommissioned": True}),
+    ("a light job past its shutdown timeout: interrupted",
+     replace(DRAINING, jobs=(replace(LIGHT, block_shutdown=False),), draining_for=31.0),
+     {"cancel": ["changeover-light-1"], "light": ["changeover-light-1"], "decommissioned": True}),
     ("moved, its successor's first batch pending", replace(DRAINING, moving_off=frozenset({"moving"})),
      {"handoff": ["moving"], "decommissioned": True}),
     ("empty, others' executors within their grace", replace(DRAINING, executors=2, executor_grace_left=12.34),
@@ -161,3 +171,45 @@ def test_a_drains_plan_from_what_it_sees(seen: drain.Seen, expected: dict[str, A
     planned, empty = drain.decide(seen), drain.DrainPlan(member="m1", status="")
     said = {k: v for k, v in asdict(planned).items() if k != "member" and v != getattr(empty, k)}
     assert said == {"status": seen.status, **expected}
+
+
+def _light_job(fleet: FakeFleet, member: str, *, block_shutdown: bool, shutdown_timeout: int = 30) -> str:
+    """A light job registered on the member's Connect server, as `changeover.light.session` registers one."""
+    with session_scope(fleet.settings.database_url) as s:
+        version = s.get(Member, member).version
+    return ledger.register(fleet.settings, member, version, "sc://127.0.1.1:1", "session", "alice",
+                           statement="SELECT 1",
+                           block_shutdown=block_shutdown, shutdown_timeout=shutdown_timeout).tag
+
+
+def test_a_drain_waits_for_blocking_light_jobs_then_stops_the_members_connect_server(settings: Settings) -> None:
+    """Seed 000: SQL holds a drain until it completes; the member's Connect server stops once none is left, and no
+    light job is routed to it meanwhile. The fake fleet has no server listening: the interrupt finds nothing to
+    interrupt on the wire, and its row still ends INTERRUPTED (the wire part is tests/test_light_jobs.py's)."""
+    fleet = FakeFleet(settings)
+    fleet.up([("m1", "4.2.0"), ("m2", "4.2.0")], light_jobs=True)
+    blocking = _light_job(fleet, "m1", block_shutdown=True)
+    timed = _light_job(fleet, "m1", block_shutdown=False, shutdown_timeout=5)
+    first = drain.step(settings, fleet, "m1")
+    assert first.status == "DRAINING" and sorted(first.light) == sorted([blocking, timed])
+    assert first.wait == [blocking] and timed in first.grace and fleet.connect_running("m1")
+    assert light.route(settings).member == "m2"  # a DRAINING member gets no new light job
+    with pytest.raises(ledger.MemberLeft, match="DRAINING"):
+        _light_job(fleet, "m1", block_shutdown=True)
+    _draining(settings, "m1", 6)  # past the timed job's shutdown timeout
+    second = drain.step(settings, fleet, "m1")
+    assert second.wait == [blocking] and not second.grace and fleet.connect_running("m1")
+    assert ledger.get(settings, timed).state == "INTERRUPTED"
+    ledger.finish(settings, blocking, LightState.SUCCEEDED)
+    done = drain.step(settings, fleet, "m1")
+    assert not done.light and not fleet.connect_running("m1")
+    assert done.status == "DRAINED"
+
+
+def test_light_jobs_of_a_connect_server_that_died_do_not_hold_a_drain(settings: Settings) -> None:
+    fleet = FakeFleet(settings)
+    fleet.up([("m1", "4.2.0")], light_jobs=True)
+    orphan = _light_job(fleet, "m1", block_shutdown=True)
+    fleet.connect_servers.pop("m1")  # the server's process is gone; its row still says RUNNING
+    assert drain.step(settings, fleet, "m1").status == "DRAINED"
+    assert ledger.get(settings, orphan).state == "FAILED"

@@ -105,7 +105,7 @@ def test_the_core_is_grouped_by_role() -> None:
     assert flat == ["__init__", "__main__", "audit", "errors", "faults", "names", "private_file", "settings",
                     "timeutil"]
     assert {p.name for p in CORE.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
-        "cli", "cluster", "compat", "handoff", "jobs", "registry", "runtime", "savepoints", "upgrade"}
+        "cli", "cluster", "compat", "handoff", "jobs", "light", "registry", "runtime", "savepoints", "upgrade"}
 
 
 def test_what_runs_inside_a_spark_runtime_imports_with_only_the_runtimes_packages() -> None:

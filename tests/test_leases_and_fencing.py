@@ -514,6 +514,12 @@ class _DecommissionedMember:
     def executors_on(self, member: str) -> int:
         return 0
 
+    def connect_running(self, member: str) -> bool:
+        return False  # it serves no light jobs
+
+    def stop_connect(self, member: str, grace: float = 0.0) -> bool:
+        return False
+
 
 def test_a_drain_keeps_a_job_whose_run_was_killed_during_it_and_not_one_killed_before(settings: Settings) -> None:
     with session_scope(settings.database_url) as s:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +14,7 @@ import httpx
 from sqlalchemy import select
 
 from changeover import audit
-from changeover.cluster import processes, rest_auth
+from changeover.cluster import connect_server, processes, rest_auth
 from changeover.cluster.membership import NoMaster, get_member, wait_for
 from changeover.cluster.ports import free_port, require_free
 from changeover.cluster.runtimes import Runtime, find_runtime, java_home
@@ -73,6 +74,9 @@ class LocalCluster:
                         "group": m.version,
                         "host": m.host,
                         "running": processes.is_running(m.pid, m.pid_started),
+                        "connect": connect_server.address(m.host, m.connect_port)
+                        if m.light_jobs and m.connect_port and processes.is_running(m.connect_pid,
+                                                                                    m.connect_pid_started) else None,
                     }
                     for m in members
                 ],
@@ -116,14 +120,15 @@ class LocalCluster:
         with session_scope(self.url) as s:
             audit.record(s, "member.decommission", "member", member, version=version)
 
-    def up(self, specs: list[tuple[str, str]], master_port: int | None = None) -> None:
+    def up(self, specs: list[tuple[str, str]], master_port: int | None = None, light_jobs: bool = False) -> None:
+        """Start masters and workers; with light_jobs, each member also runs a Spark Connect server."""
         java_home()
         for name, version in specs:
             check_name("member", name)
             find_runtime(self.settings.runtimes_dir, version)
         for name, version in specs:
             self.ensure_master(version, master_port)
-            self.start_worker(name, version)
+            self.start_worker(name, version, light_jobs=light_jobs)
 
     def down(self) -> list[str]:
         """Stop every process this cluster folder records, also after a crash that lost the registry."""
@@ -136,6 +141,7 @@ class LocalCluster:
         try:
             with session_scope(self.url) as s:
                 for m in s.scalars(select(Member)):
+                    m.connect_pid = m.connect_pid_started = None
                     if m.status != "STOPPED":
                         m.status, m.pid = "STOPPED", None
                         audit.record(s, "member.stop", "member", m.name, version=m.version)
@@ -202,7 +208,9 @@ class LocalCluster:
             versions = list(s.scalars(select(Master.version).where(Master.status == "RUNNING")))
         return [v for v in versions if self.stop_master_if_empty(v)]
 
-    def start_worker(self, member: str, version: str) -> None:
+    def start_worker(self, member: str, version: str, light_jobs: bool | None = None) -> None:
+        """Start the member's worker at `version` (and its Connect server, if it serves light jobs: light_jobs
+        sets that for a new member, None keeps what it had). Safe to repeat."""
         runtime = find_runtime(self.settings.runtimes_dir, version)
         master_row = self.ensure_master(version)
         master = SparkMaster(master_row.host, master_row.webui_port, master_row.rest_port, rest_key=self.rest_key)
@@ -210,19 +218,27 @@ class LocalCluster:
             row = s.get(Member, member)
             if row is None:
                 count = len(s.scalars(select(Member.name)).all())
-                row = Member(name=member, version=version, host=f"127.0.1.{count + 1}", status="STOPPED")
+                row = Member(name=member, version=version, host=f"127.0.1.{count + 1}", status="STOPPED",
+                             light_jobs=bool(light_jobs))
                 s.add(row)
-                audit.record(s, "member.add", "member", member, version=version, host=row.host)
+                audit.record(s, "member.add", "member", member, version=version, host=row.host,
+                             light_jobs=bool(light_jobs))
+            elif light_jobs is not None:
+                row.light_jobs = light_jobs
             alive = processes.is_running(row.pid, row.pid_started)
-            if alive and row.version == version and master.worker_state(row.host) == "ALIVE":
-                return
-            if alive:
+            serves = row.light_jobs
+            running = alive and row.version == version and master.worker_state(row.host) == "ALIVE"
+            if alive and not running:
                 raise ChangeoverError(
                     f"start of member {member} at {version}",
                     f"its worker still runs at {row.version}",
                     f"upgrade it with `changeover upgrade member {member} --to {version}` after a drain",
                 )
             host = row.host
+        if running:  # a retried start: the worker is there; its Connect server may not be yet
+            if serves:
+                self.start_connect(member)
+            return
         work = self.settings.cluster_dir / "members" / member
         webui, began = free_port(host), time.monotonic()
         started = processes.spawn(
@@ -249,9 +265,63 @@ class LocalCluster:
             row.pid, row.pid_started, row.drain_started_at = started.pid, started.start_ticks, None
             audit.record(s, "member.start", "member", member, version=version, master=master_row.url,
                          pid=started.pid, seconds=round(time.monotonic() - began, 1))
+            serves = row.light_jobs
+        if serves:
+            self.start_connect(member)
+
+    def start_connect(self, member: str) -> str:
+        """Start the member's Spark Connect server at its version, unless it runs. Returns its address."""
+        with session_scope(self.url) as s:
+            row = get_member(s, member)
+            host, version, port = row.host, row.version, row.connect_port
+            if processes.is_running(row.connect_pid, row.connect_pid_started) and port:
+                return connect_server.address(host, port)
+        runtime = find_runtime(self.settings.runtimes_dir, version)
+        master_url = self._master_url(version)
+        # the same address across restarts, as a platform's would be: a client routed before an upgrade reaches the
+        # upgraded server, whose version check then refuses it
+        port = port if port and not _listening(host, port) and _bindable(host, port) else free_port(host)
+        began = time.monotonic()
+        work = self.settings.cluster_dir / "members" / member / f"connect-{version}"
+        work.mkdir(parents=True, exist_ok=True)  # its warehouse and scratch files, not the caller's folder
+        name = f"connect-{member}"
+        started = processes.spawn(connect_server.command(runtime.spark_class, master_url, host, port, member),
+                                  self._env(runtime, {"SPARK_LOCAL_IP": host}),
+                                  self.settings.cluster_dir / "logs" / f"{name}.log", cwd=work)
+        self._await_start(name, started, lambda: _listening(host, port),
+                          f"the Spark Connect server of member {member} listening on {host}:{port}")
+        with session_scope(self.url) as s:
+            row = get_member(s, member)
+            row.connect_port, row.connect_pid, row.connect_pid_started = port, started.pid, started.start_ticks
+            audit.record(s, "member.connect.start", "member", member, version=version,
+                         server=connect_server.address(host, port), pid=started.pid,
+                         seconds=round(time.monotonic() - began, 1))
+        return connect_server.address(host, port)
+
+    def connect_running(self, member: str) -> bool:
+        with session_scope(self.url) as s:
+            row = get_member(s, member)
+            return processes.is_running(row.connect_pid, row.connect_pid_started)
+
+    def stop_connect(self, member: str, grace: float = STOP_GRACE) -> bool:
+        """Stop the member's Connect server (its light jobs with it). False if none ran. Safe to repeat."""
+        with session_scope(self.url) as s:
+            row = get_member(s, member)
+            stopped = processes.stop_group(row.connect_pid, row.connect_pid_started, timeout=grace)
+            pidfile = self.pid_dir / f"connect-{member}.pid"
+            if pidfile.exists():  # one started by a try that died before the registry recorded it
+                pid, ticks = pidfile.read_text().split()
+                stopped = processes.stop_group(int(pid), ticks, timeout=grace) or stopped
+            pidfile.unlink(missing_ok=True)
+            if row.connect_pid is not None or stopped:
+                row.connect_pid = row.connect_pid_started = None
+                audit.record(s, "member.connect.stop", "member", member, version=row.version)
+            return stopped
 
     def stop_worker(self, member: str, grace: float = STOP_GRACE) -> None:
-        """SIGTERM the worker's process group, SIGKILL after `grace` s; pass IDLE_STOP_GRACE for a drained one."""
+        """SIGTERM the worker's process group, SIGKILL after `grace` s; pass IDLE_STOP_GRACE for a drained one.
+        Its Connect server goes first: it would serve light jobs on a member that is going away."""
+        self.stop_connect(member, grace)
         with session_scope(self.url) as s:
             row = get_member(s, member)
             began = time.monotonic()
@@ -266,6 +336,14 @@ class LocalCluster:
                          seconds=round(time.monotonic() - began, 1))
 
     # -- helpers -----------------------------------------------------------------------------
+    def _master_url(self, version: str) -> str:
+        with session_scope(self.url) as s:
+            row = s.get(Master, version)
+            if row is None or row.status != "RUNNING":
+                raise NoMaster(f"version group {version}", "no master is running for it",
+                               "start it with `changeover cluster up`")
+            return row.url
+
     def _env(self, runtime: Runtime, extra: dict[str, str]) -> dict[str, str]:
         # Drivers inherit a worker's environment: no registry URL in it (they get a reference of their own).
         env = {k: v for k, v in os.environ.items()
@@ -295,3 +373,19 @@ class LocalCluster:
             processes.stop_group(started.pid, started.start_ticks)
             (self.pid_dir / f"{name}.pid").unlink(missing_ok=True)
             raise
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _bindable(host: str, port: int) -> bool:
+    try:
+        require_free(host, port, "a Connect server")
+    except ChangeoverError:
+        return False
+    return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from changeover.registry.states import PARKED_FORMS, Desired
@@ -56,6 +56,11 @@ class Member(Base):
     status: Mapped[str] = mapped_column(String(16))
     drain_started_at: Mapped[datetime | None]
     maintenance: Mapped[str | None] = mapped_column(String(250))  # why it is marked for the next drain window
+    # whether it runs a Spark Connect server at its version, the coordinator of the light jobs routed to it
+    light_jobs: Mapped[bool] = mapped_column(default=False, server_default=false())
+    connect_port: Mapped[int | None]
+    connect_pid: Mapped[int | None]
+    connect_pid_started: Mapped[str | None] = mapped_column(String(32))
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
@@ -184,3 +189,25 @@ class SinkLedger(Base):
     rows: Mapped[int]
     run_id: Mapped[int | None] = mapped_column(BigInteger)  # the epoch that wrote it
     written_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class LightJob(Base):
+    """A light job (seed 004): SQL or a DataFrame run through a member's Spark Connect server, not fault-tolerant.
+    Its row lets a drain wait for it (block_shutdown) or interrupt it by its tag, and the leak checker find it."""
+
+    __tablename__ = "light_jobs"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    tag: Mapped[str] = mapped_column(String(100), unique=True)  # the Connect operation tag it runs under
+    member: Mapped[str] = mapped_column(String(100), index=True)
+    spark_version: Mapped[str] = mapped_column(String(32))  # its server's, checked when the session opened
+    server: Mapped[str] = mapped_column(String(200))  # sc://host:port
+    session_id: Mapped[str] = mapped_column(String(64))  # so another client can interrupt it by tag
+    user_id: Mapped[str] = mapped_column(String(100))
+    statement: Mapped[str | None] = mapped_column(Text)  # what it runs, shortened, for the audit
+    block_shutdown: Mapped[bool]
+    shutdown_timeout: Mapped[int]
+    state: Mapped[str] = mapped_column(String(16), index=True)  # a `states.LightState`
+    actor: Mapped[str | None] = mapped_column(String(250))
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[datetime | None]

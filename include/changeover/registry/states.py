@@ -49,3 +49,12 @@ class MemberStatus(StrEnum):
     DRAINED = "DRAINED"
     UPGRADING = "UPGRADING"
     STOPPED = "STOPPED"  # its worker is down (stopped by hand, or the cluster is down)
+
+
+class LightState(StrEnum):
+    """A light job's state."""
+
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    INTERRUPTED = "INTERRUPTED"  # interrupted by tag: a drain's shutdown timeout, a killed task, or the leak checker

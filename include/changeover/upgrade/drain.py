@@ -16,12 +16,13 @@ from typing import Any
 
 from sqlalchemy import func, or_, select
 
-from changeover import audit, faults, jobs
+from changeover import audit, faults, jobs, light
 from changeover.cluster import Membership, get_member
 from changeover.errors import ChangeoverError, NeedsOperator
+from changeover.light import ledger
 from changeover.registry.db import lock_all, session_scope
-from changeover.registry.models import STOPPING, Event, Job, JobRun, Member, utcnow
-from changeover.registry.states import Desired, MemberStatus, RunState
+from changeover.registry.models import STOPPING, Event, Job, JobRun, LightJob, Member, utcnow
+from changeover.registry.states import Desired, LightState, MemberStatus, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import placement, relocate, warm
@@ -41,6 +42,7 @@ class DrainPlan:
     wait: list[str] = field(default_factory=list)
     grace: dict[str, float] = field(default_factory=dict)  # job -> seconds left before cancel
     cancel: list[str] = field(default_factory=list)
+    light: list[str] = field(default_factory=list)  # light jobs' tags among wait, grace and cancel
     handoff: list[str] = field(default_factory=list)  # moved, with the old run parked here until its successor writes
     decommissioned: bool = False
     executors: int = 0  # executors still on the decommissioned worker, within their grace
@@ -129,6 +131,7 @@ class JobSeen:
     live: bool  # its run is submitted or running
     asked_to_stop: bool  # asked to stop or to move: its driver finishes its batch
     warming: bool = False  # a standby of its run starts on the target (`warm`)
+    light: bool = False  # a light job on the member's Connect server, named by its tag
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,8 @@ def decide(seen: Seen) -> DrainPlan:
         result.blocked_by = list(seen.busy_elsewhere)
         return result
     for job in seen.jobs:
+        if job.light:
+            result.light.append(job.name)
         if job.fault_tolerant:
             if not job.live:
                 result.stopped.append(job.name)
@@ -201,6 +206,8 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
         asked = job.desired in STOPPING
         found.append(JobSeen(job.name, job.fault_tolerant, job.block_shutdown, job.shutdown_timeout, live, asked,
                              job.fault_tolerant and live and not asked and _warming(settings, membership, run)))
+    found += [JobSeen(job.tag, False, job.block_shutdown, job.shutdown_timeout, True, False, light=True)
+              for job in light_jobs_on(settings, membership, member)]
     seen = replace(seen, jobs=tuple(found), draining_for=(now - as_utc(started)).total_seconds() if started else 0.0)
     if not draining:
         return decide(seen)
@@ -249,9 +256,15 @@ def step(
     if current.save:
         _move(settings, membership, member, current.save, upgrade_key)
     for name in current.cancel:
-        jobs.cancel(settings, membership, name, reason=f"drain of {member}: shutdown_timeout ran out")
+        reason = f"drain of {member}: shutdown_timeout ran out"
+        if name in current.light:
+            light.interrupt(settings, name, reason)
+        else:
+            jobs.cancel(settings, membership, name, reason=reason)
         _record(settings, "drain.cancelled", member, name)
     after = plan(settings, membership, member, shutdown_timeout)
+    if after.status == "DRAINING" and not after.light:
+        membership.stop_connect(member)  # no light job left on it, and none is routed to a DRAINING member
     if after.status == "DRAINING" and not (after.save or after.warming or after.stopping or after.decommissioned):
         membership.decommission(member)  # only now: the saved jobs' batches no longer need its executors
         after = plan(settings, membership, member, shutdown_timeout)
@@ -269,6 +282,17 @@ def step(
                          **({"executors_left": after.executors_left} if after.executors_left else {}))
         after.status = "DRAINED"
     return after
+
+
+def light_jobs_on(settings: Settings, membership: Membership, member: str) -> list[LightJob]:
+    """Light jobs running on the member's Connect server. Rows of a server that is gone end FAILED: nothing runs
+    them any more, and a drain must not wait for them."""
+    running = ledger.running_on(settings, member)
+    if running and not membership.connect_running(member):
+        for job in running:
+            ledger.finish(settings, job.tag, LightState.FAILED, f"the Connect server of member {member} is gone")
+        return []
+    return running
 
 
 def _warming(settings: Settings, membership: Membership, run: JobRun) -> bool:
