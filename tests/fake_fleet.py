@@ -110,7 +110,9 @@ class FakeFleet:
         with session_scope(self.settings.database_url) as s:
             members = s.scalars(select(Member).order_by(Member.name)).all()
             return {"members": [{"name": m.name, "version": m.version, "status": m.status, "group": m.version,
-                                 "host": m.host, "running": self._worker(m) == "ALIVE"} for m in members],
+                                 "host": m.host, "running": self._worker(m) == "ALIVE",
+                                 "connect": f"sc://{m.host}:1" if m.name in self.connect_servers else None}
+                                for m in members],
                     "masters": [{"version": v, "url": f"spark://fake-{v}:7077", "status": "RUNNING",
                                  "running": True} for v in sorted(self.masters)]}
 

@@ -3,8 +3,11 @@ check between routing and execution, and a drain that interrupts a light job pas
 
 from __future__ import annotations
 
+import contextvars
+import json
 import random
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -95,3 +98,38 @@ def test_a_member_upgraded_between_routing_and_execution_refuses_and_the_job_is_
     with session_scope(settings.database_url) as s:
         rerouted = s.scalars(select(Event).where(Event.action == "light.reroute")).all()
     assert [(e.subject, e.outcome) for e in rerouted] == [("m1", "refused")]
+
+    # The Airflow operator, its context a stand-in: the Spark provider's connection gives the client's identity,
+    # and a killed task interrupts its own operations on the server.
+    from changeover_airflow.operators import LightJobOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_CHANGEOVER_DEFAULT", json.dumps(
+        {"conn_type": "generic", "extra": {"home": str(settings.home), "database_url": settings.database_url}}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", json.dumps(
+        {"conn_type": "spark_connect", "host": "ignored-routing-decides", "login": "analyst"}))
+    ti = SimpleNamespace(dag_id="light_sql", run_id="r1", task_id="sql", try_number=1)
+    context = {"ti": ti, "params": {}, "dag_run": SimpleNamespace(triggering_user_name="alice")}
+    quick = LightJobOperator(task_id="sql", sql="SELECT 6 * 7 AS answer", spark_connect_conn_id="spark_connect_default")
+    assert contextvars.copy_context().run(quick.execute, context) == [{"answer": 42}]
+    long = LightJobOperator(task_id="sql", sql="SELECT sum(id) FROM range(0, 10000000000000)",
+                            spark_connect_conn_id="spark_connect_default")
+    failure: dict[str, str] = {}
+
+    def run_task() -> None:
+        try:
+            contextvars.copy_context().run(long.execute, context)
+        except Exception as exc:  # noqa: BLE001 - the interrupt's error is what is checked
+            failure["error"] = str(exc)
+
+    task = threading.Thread(target=run_task)
+    task.start()
+    wait_for(lambda: long._running is not None, 60, "the task's light job starting")
+    tag = long._running[1]
+    long.on_kill()
+    task.join(60)
+    assert "OPERATION_CANCELED" in failure.get("error", ""), failure
+    killed = ledger.get(settings, tag)
+    assert killed.state == "INTERRUPTED" and killed.user_id == "analyst" and "was killed" in killed.error
+    with session_scope(settings.database_url) as s:
+        started = s.scalar(select(Event).where(Event.action == "light.start", Event.subject == tag))
+    assert started.actor.startswith("alice via airflow:light_sql/r1/sql#1")

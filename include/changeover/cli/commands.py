@@ -77,10 +77,13 @@ def cluster_up(
     members: Annotated[str, typer.Option(help="Comma-separated member names.")] = "m1,m2,m3",
     version: Annotated[str, typer.Option(help="Spark version of the new members.")] = "4.2.0",
     master_port: Annotated[int | None, typer.Option(help="Port of a new master; free one if unset.")] = None,
+    light_jobs: Annotated[bool, typer.Option("--light-jobs/--no-light-jobs",
+                                             help="Each member also runs a Spark Connect server for light jobs "
+                                                  "(`changeover sql`).")] = False,
 ) -> None:
     """Start a master per version group and a worker per member."""
     specs = [(name.strip(), version) for name in members.split(",") if name.strip()]
-    membership_for(_settings()).up(specs, master_port)
+    membership_for(_settings()).up(specs, master_port, light_jobs=light_jobs)
     cluster_status(as_json=False)
 
 
@@ -99,7 +102,8 @@ def cluster_status(as_json: JsonFlag = False) -> None:
         print(json.dumps(status, indent=2))
         return
     _emit(status["members"], False, [("NAME", "name"), ("VERSION", "version"), ("STATUS", "status"),
-                                     ("GROUP", "group"), ("HOST", "host"), ("RUNNING", "running")])
+                                     ("GROUP", "group"), ("HOST", "host"), ("RUNNING", "running"),
+                                     ("CONNECT", "connect")])
     _emit(status["masters"], False, [("GROUP", "version"), ("MASTER", "url"), ("WEB UI", "webui"),
                                      ("RUNNING", "running")])
 
@@ -264,6 +268,30 @@ def retention(
     age = timedelta(hours=max_age_hours) if max_age_hours is not None else None
     deleted = savepoints.apply_retention(_settings(), job, max_count, age)
     out.print(f"deleted: {', '.join(deleted) or 'nothing'}")
+
+
+@app.command("sql")
+def sql(
+    statement: str,
+    block_shutdown: Annotated[bool, typer.Option("--block-shutdown/--no-block-shutdown",
+                                                 help="Hold a drain of its member until it ends (SQL's default), "
+                                                      "or be interrupted after --shutdown-timeout.")] = True,
+    shutdown_timeout: Annotated[int, typer.Option(help="Seconds a drain waits before it interrupts it.")] = 30,
+    tries: Annotated[int, typer.Option(help="Members to try when a version check refuses it.")] = 3,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run SQL as a light job on the largest version group, through a member's Spark Connect server."""
+    from changeover import light  # the Connect client loads pandas and gRPC: only for this command
+
+    rows, where = light.run_sql(_settings(), statement, block_shutdown=block_shutdown,
+                                shutdown_timeout=shutdown_timeout, tries=tries)
+    if as_json:
+        print(json.dumps({"member": where.member, "version": where.version, "rows": rows}, indent=2, default=str))
+        return
+    columns = [(name.upper(), name) for name in (rows[0] if rows else {})]
+    if columns:
+        _emit(rows, False, columns)
+    out.print(f"{len(rows)} rows, on member {where.member} (Spark {where.version})")
 
 
 @app.command("reconcile")

@@ -18,6 +18,9 @@ CONNECT_CONFS = {
     "spark.ui.enabled": "false",
     "spark.decommission.enabled": "true",  # its executor on a draining member leaves, and comes back elsewhere
     "spark.sql.session.timeZone": "UTC",
+    # light jobs are small by definition: Spark's 200 shuffle partitions are 200 tasks on one core per aggregation
+    # (a session may set more for itself)
+    "spark.sql.shuffle.partitions": "2",
 }
 
 

@@ -7,6 +7,7 @@ import contextlib
 import getpass
 import logging
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,8 +45,38 @@ class LightSession:
     refusals: list[str]  # why earlier tries were re-routed
 
 
-def open_checked(target: Route, user_id: str, params: str = "") -> SparkSession:
-    """A new Connect session on the routed server, refused unless the server runs the routed group's version."""
+# Sessions kept open per server and identity, as a connection pool keeps connections: a light job then costs its
+# version check and its own work, not a session's setup. Each use checks the version again.
+_pool: dict[tuple[str, str, str], SparkSession] = {}
+_pool_lock = threading.Lock()
+
+
+def open_checked(target: Route, user_id: str, params: str = "", reuse: bool = False) -> SparkSession:
+    """A Connect session on the routed server, refused unless the server runs the routed group's version. With
+    reuse, a session this process already holds there is checked and reused; a server restarted since (its
+    sessions gone, or at another version) fails the check and the session is dropped."""
+    key = (target.server, user_id, params)
+    if reuse:
+        with _pool_lock:
+            pooled = _pool.pop(key, None)
+        if pooled is not None:
+            try:
+                found = _server_version(pooled)
+            except Exception:  # noqa: BLE001 - a server restarted since: open afresh, checked as any new one
+                _close(pooled)
+            else:
+                _check_version(target, found, pooled)
+                with _pool_lock:
+                    _pool.setdefault(key, pooled)
+                return pooled
+    spark = _open_new(target, user_id, params)
+    if reuse:
+        with _pool_lock:
+            _pool.setdefault(key, spark)
+    return spark
+
+
+def _open_new(target: Route, user_id: str, params: str) -> SparkSession:
     from pyspark.sql.connect.client.retries import DefaultPolicy
     from pyspark.sql.connect.session import SparkSession
 
@@ -59,34 +90,44 @@ def open_checked(target: Route, user_id: str, params: str = "") -> SparkSession:
     # a few quick retries: a server that stops while it is asked is another member's job to serve
     spark.client.set_retry_policies([DefaultPolicy(max_retries=3, max_backoff=1000)])
     try:
-        found = spark.version
+        found = _server_version(spark)
     except Exception as exc:  # noqa: BLE001 - any failure to answer is a refusal to re-route
         _close(spark)
         raise VersionChanged(f"light job routed to member {target.member}",
                              f"its Connect server at {target.server} did not answer ({type(exc).__name__})",
                              "it is routed again") from None
+    _check_version(target, found, spark)
+    return spark
+
+
+def _server_version(spark: SparkSession) -> str:
+    """Asked of the server each time: the session's `version` property is cached for the session's life."""
+    return str(spark.client._analyze(method="spark_version").spark_version)
+
+
+def _check_version(target: Route, found: str, spark: SparkSession) -> None:
     if found != target.version:
         _close(spark)
         raise VersionChanged(f"light job routed to member {target.member}",
                              f"it was routed to the Spark {target.version} group, and its server runs Spark {found}: "
                              "the member changed version between routing and execution", "it is routed again")
-    return spark
 
 
 @contextlib.contextmanager
 def session(settings: Settings | None = None, *, statement: str | None = None, block_shutdown: bool = True,
             shutdown_timeout: int = DEFAULT_SHUTDOWN_TIMEOUT, tries: int = ROUTE_TRIES, user_id: str | None = None,
-            params: str = "") -> Iterator[LightSession]:
+            params: str = "", reuse: bool = False) -> Iterator[LightSession]:
     """`with session() as light: light.spark.sql(...)`: a light job on the largest version group.
 
     Operations the block starts from this thread carry the job's tag (Connect tags are per thread), so a drain
     past its shutdown timeout, or a killed Airflow task, can interrupt them. block_shutdown (the default, as in
-    seed 000 for SQL and batch work) makes a drain wait for the block instead.
+    seed 000 for SQL and batch work) makes a drain wait for the block instead. With reuse, the session is kept for
+    the next light job of this process on that server (its temporary views and settings too): for short SQL.
     """
     settings = settings or Settings.from_env()
     user = user_id or getpass.getuser()
     spark, target, registered, refusals = _open_routed(settings, user, params, statement, block_shutdown,
-                                                       shutdown_timeout, tries)
+                                                       shutdown_timeout, tries, reuse)
     spark.addTag(registered.tag)
     outcome, error = LightState.SUCCEEDED, None
     try:
@@ -97,18 +138,21 @@ def session(settings: Settings | None = None, *, statement: str | None = None, b
         raise
     finally:
         ledger.finish(settings, registered.tag, outcome, error)
-        with contextlib.suppress(Exception):
-            spark.stop()
+        if reuse:
+            spark.removeTag(registered.tag)
+        else:
+            _close(spark)
 
 
 def _open_routed(settings: Settings, user: str, params: str, statement: str | None, block_shutdown: bool,
-                 shutdown_timeout: int, tries: int) -> tuple[SparkSession, Route, ledger.Registered, list[str]]:
+                 shutdown_timeout: int, tries: int, reuse: bool
+                 ) -> tuple[SparkSession, Route, ledger.Registered, list[str]]:
     refusals: list[str] = []
     avoid: set[str] = set()
     for _ in range(max(1, tries)):
         target = route(settings, exclude=frozenset(avoid))
         try:
-            spark = open_checked(target, user, params)
+            spark = open_checked(target, user, params, reuse)
         except VersionChanged as exc:
             _refused(settings, target, exc, refusals, avoid)
             continue
