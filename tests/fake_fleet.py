@@ -16,7 +16,7 @@ from typing import Any
 
 from changeover import audit
 from changeover.cluster import NoMaster, get_member
-from changeover.cluster.spark_master import DriverStatus, MasterUnreachable
+from changeover.cluster.spark_master import ActiveApp, ActiveDriver, DriverStatus, MasterUnreachable, Workload
 from changeover.registry.db import session_scope
 from changeover.registry.models import Master, Member
 from changeover.settings import Settings
@@ -39,6 +39,7 @@ class FakeMaster:
     version: str
     workers: dict[str, str] = field(default_factory=dict)  # host -> ALIVE | DECOMMISSIONED | DEAD
     drivers: dict[str, FakeDriver] = field(default_factory=dict)
+    apps: dict[str, str] = field(default_factory=dict)  # app id -> name: apps other than its drivers' (Connect's)
     calls: Counter[str] = field(default_factory=Counter)
     unanswered: set[str] = field(default_factory=set)  # verbs that time out, as a master slow to answer them
 
@@ -59,6 +60,16 @@ class FakeMaster:
     def worker_state(self, host: str) -> str | None:
         self._call("worker_state")
         return self.workers.get(host)
+
+    def workload(self) -> Workload:
+        self._call("workload")
+        live = {sid: d for sid, d in self.drivers.items() if d.state in ("SUBMITTED", "RUNNING")}
+        # a running driver in cluster mode registers its application, under the submission's spark.app.name
+        apps = [ActiveApp(f"app-{sid}", d.request.get("sparkProperties", {}).get("spark.app.name", ""), "RUNNING")
+                for sid, d in live.items() if d.state == "RUNNING"]
+        return Workload(tuple(ActiveDriver(sid, d.state, f"worker-{d.host}" if d.host else None)
+                              for sid, d in live.items()),
+                        tuple(apps + [ActiveApp(app, name, "RUNNING") for app, name in self.apps.items()]))
 
     def server_version(self) -> str:
         self._call("server_version")
@@ -193,13 +204,25 @@ class FakeFleet:
             row = get_member(s, member)
             row.connect_port, row.connect_pid, row.connect_pid_started = 1, 1, "fake"
             self.connect_servers[member] = row.version
+            if row.version in self.masters:  # a Connect server is an application of its version group's master
+                self.masters[row.version].apps[f"app-connect-{member}"] = f"changeover-connect-{member}"
             return f"sc://{row.host}:1"
 
     def stop_connect(self, member: str, grace: float = 0.0) -> bool:
         with session_scope(self.settings.database_url) as s:
             row = get_member(s, member)
             row.connect_pid = row.connect_pid_started = None
-        return self.connect_servers.pop(member, None) is not None
+        version = self.connect_servers.pop(member, None)
+        if version in self.masters:
+            self.masters[version].apps.pop(f"app-connect-{member}", None)
+        return version is not None
+
+    def remove_member(self, member: str) -> None:
+        with session_scope(self.settings.database_url) as s:
+            row = get_member(s, member)
+            assert self._worker(row) != "ALIVE", f"member {member}'s worker still runs"
+            s.delete(row)
+            audit.record(s, "member.remove", "member", member, version=row.version)
 
     def connect_running(self, member: str) -> bool:
         return member in self.connect_servers

@@ -11,7 +11,7 @@ from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Event, Job, JobRun, Member, utcnow
 from changeover.settings import Settings
-from changeover.upgrade import lock, recovery, roll
+from changeover.upgrade import lock, recovery, roll, surges
 from changeover.upgrade.windows import DrainWindow
 from fake_fleet import FakeFleet
 from sqlalchemy import select
@@ -135,3 +135,53 @@ def test_an_abort_mid_drain_returns_the_member_at_its_version_and_frees_the_upgr
     assert events == [("drain.abort", "m1", True), ("upgrade.abort", KEY, None)]
     lock.begin(fleet.settings, "rolling_upgrade/r2", "4.3.0", dict.fromkeys(("m1", "m2", "m3"), "4.2.0"))
     assert recovery.abort(fleet.settings, fleet, KEY, "again")["status"] == "ABORTED"  # a retry changes nothing
+
+
+def _alive_workers(fleet: FakeFleet) -> int:
+    """Workers whose process runs, decommissioned or not, as the masters see them."""
+    return sum(state in ("ALIVE", "DECOMMISSIONED") for m in fleet.masters.values() for state in m.workers.values())
+
+
+def test_with_surge_alive_workers_never_drop_below_the_starting_count(fleet: FakeFleet) -> None:
+    """Seed 000's enlarged cluster: a surge member joins at the target before the first drain and leaves at the
+    end, so each member's restart costs no capacity. Counted at every worker stop, where a drop would show."""
+    starting, counts = _alive_workers(fleet), []
+    stop_worker = fleet.stop_worker
+
+    def counted_stop(member: str, grace: float = 0.0) -> None:
+        stop_worker(member, grace)
+        counts.append((member, _alive_workers(fleet)))
+
+    fleet.stop_worker = counted_stop  # type: ignore[method-assign]
+    status = _roll_until_it_waits(fleet, surge=1)
+    assert status.done and status.phases == dict.fromkeys(("m1", "m2", "m3"), roll.UPGRADED)
+    assert [m for m, _ in counts] == ["m1", "m2", "m3", "surge-1"]  # the surge member leaves last
+    assert min(n for _, n in counts) >= starting, counts
+    assert _versions(fleet.settings) == dict.fromkeys(("m1", "m2", "m3"), ("4.3.0", "ACTIVE"))  # surge-1 is gone
+    with session_scope(fleet.settings.database_url) as s:
+        actions = [e.action for e in s.scalars(select(Event).where(Event.action.like("upgrade.surge.%")))]
+    assert actions == ["upgrade.surge.add", "upgrade.surge.remove"]
+    assert roll.step(fleet.settings, fleet, KEY, surge=1).done  # a retried step adds no second surge member
+    assert "surge-1" not in _versions(fleet.settings)
+
+
+def test_without_surge_a_restart_costs_a_worker(fleet: FakeFleet) -> None:
+    """The baseline the surge test is measured against: the same roll with no surge drops a worker each time."""
+    starting, counts = _alive_workers(fleet), []
+    stop_worker = fleet.stop_worker
+
+    def counted_stop(member: str, grace: float = 0.0) -> None:
+        stop_worker(member, grace)
+        counts.append(_alive_workers(fleet))
+
+    fleet.stop_worker = counted_stop  # type: ignore[method-assign]
+    assert _roll_until_it_waits(fleet).done
+    assert counts and min(counts) == starting - 1
+
+
+def test_an_aborted_upgrade_removes_its_idle_surge_member(fleet: FakeFleet) -> None:
+    surges.add(fleet.settings, fleet, KEY, "4.3.0", 1)  # as the roll's first step does, before any drain
+    assert _versions(fleet.settings)["surge-1"] == ("4.3.0", "ACTIVE")
+    recovery.abort(fleet.settings, fleet, KEY, reason="test")
+    assert "surge-1" not in _versions(fleet.settings)
+    assert _versions(fleet.settings) == dict.fromkeys(("m1", "m2", "m3"), ("4.2.0", "ACTIVE"))

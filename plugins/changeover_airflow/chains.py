@@ -31,6 +31,9 @@ def upgrade_params(target_description: str, **extra: Param) -> dict[str, Param]:
         **extra,
         "shutdown_timeout": Param(30, type="integer", minimum=0,
                                   description="Default seconds a drain waits for a job without blockShutdown."),
+        "surge": Param(0, type="integer", minimum=0, maximum=3,
+                       description="Temporary members at the target version for the length of the upgrade, so "
+                                   "capacity does not drop while each member drains (removed at the end)."),
         "dry_run": Param(False, type="boolean", description="Only check and print the plan."),
         "replay_check": Param(True, type="boolean", description="Before any drain, replay a batch of every "
                               "running job on the target version from a copy of its state (the static check "
@@ -54,7 +57,7 @@ def upgrade_chain(
                                    dry_run="{{ params.replay_check }}",
                                    savepoint_name="upgrade-check-{{ run_id | replace(':', '') | replace('+', '') }}"),
         RollingUpgradeOperator(task_id="roll", shutdown_timeout="{{ params.shutdown_timeout }}", window=window,
-                               drain_needs_seconds=drain_needs_seconds),
+                               drain_needs_seconds=drain_needs_seconds, surge="{{ params.surge }}"),
         RebalanceJobsOperator(task_id="rebalance"),
         VerifyUpgradeOperator(task_id="verify", target_version=target),
         # all_done: whatever failed upstream, an upgrade not verified by now ends FAILED and frees the lock

@@ -126,9 +126,7 @@ class RollingUpgradeOperator(ChangeoverOperator):
     """
 
     upgrade_step = True
-
-    upgrade_step = True
-    template_fields: Sequence[str] = ("shutdown_timeout", "drain_needs_seconds")
+    template_fields: Sequence[str] = ("shutdown_timeout", "drain_needs_seconds", "surge")
 
     def __init__(
         self,
@@ -137,9 +135,11 @@ class RollingUpgradeOperator(ChangeoverOperator):
         window: str | None = None,
         drain_needs_seconds: Any = 0,
         roll_timeout: float = 3600,
+        surge: Any = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.surge = surge  # temporary members at the target for the upgrade's length
         self.shutdown_timeout = shutdown_timeout
         self.window = window  # a drain window: no member's drain starts, or goes on, outside it
         self.drain_needs_seconds = drain_needs_seconds
@@ -153,7 +153,8 @@ class RollingUpgradeOperator(ChangeoverOperator):
         window = DrainWindow.parse(self.window) if self.window else None
         try:
             status = roll.step(settings, cluster, upgrade_key(context), timeout, window=window,
-                               drain_needs_seconds=float(self.drain_needs_seconds or 0))
+                               drain_needs_seconds=float(self.drain_needs_seconds or 0),
+                               surge=int(self.surge or 0))
         except NeedsOperator as exc:  # a retry would meet the same refusal: fail now, with what to do
             from airflow.sdk.exceptions import AirflowFailException
 

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from sqlalchemy import create_engine, text
 
 from e2e import browser
 from e2e.conftest import REGISTRY_PASSWORD, Stack
+from e2e.light_probe import SqlProbe, figures
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 LEASE_SECONDS = 60
@@ -98,6 +100,14 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
     lease = 3 * LEASE_SECONDS if forced else LEASE_SECONDS
     generator = _start_clicks(stack, "clicks", lease)
     guide = _start_guide(stack) if stack.kind == "sqlite" else None
+    # Light SQL through the upgrade (seed 000): a Connect server per member, and a client asking once a second.
+    for member in members:
+        stack.cluster.start_worker(member, "4.2.0", light_jobs=True)
+    probe = SqlProbe(stack.settings).start()
+    wait_for(lambda: len([a for a in probe.answers if a.ok]) >= 3, 120, "the Connect servers' first answers")
+    warm = time.time()  # the baseline leaves out the first queries, which wait for the servers' executors
+    wait_for(lambda: len(probe.between(warm, time.time())) >= 15, 120, "15 light queries before the upgrade")
+    quiet_until = time.time()
     if forced:  # the roll task's process SIGKILLed mid-drain, mid-savepoint and mid-launch, one try each
         for point in KILL_POINTS:
             faults.arm(stack.settings, point, kill=True)
@@ -114,11 +124,14 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
             assert not _leaks(stack, REGISTRY_PASSWORD), _leaks(stack, REGISTRY_PASSWORD)
             _a_cli_drain_racing_the_roll_is_refused(stack)
         state = airflow.follow("rolling_upgrade", run_id, timeout=1800)
+        upgraded_at = time.time()
         browser.screenshot_grid(airflow.url, "admin", airflow.password, "rolling_upgrade", run_id,
                                 artifacts / "grid.png")
         assert state == "success", _task_log_tail(stack, run_id)
     finally:
         generator.stop()
+        probe.stop()
+    _assert_sql_stayed_available(probe, warm, quiet_until, upgraded_at, artifacts)
     _assert_rolled(stack, "clicks")
     _assert_exact(stack, "clicks", generator)
     if guide is not None:  # windows open before the upgrade close after it: their state came across
@@ -160,6 +173,19 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
     triggered = [e for e in airflow.event_logs(dag_id="rolling_upgrade")
                  if e.get("run_id") == run_id or "trigger" in (e.get("event") or "")]
     assert any(e.get("owner") == "admin" for e in triggered), triggered
+
+
+def _assert_sql_stayed_available(probe: SqlProbe, warm: float, quiet_until: float, upgraded_at: float,
+                                 artifacts: Path) -> None:
+    """At least 99% of the light queries during the upgrade succeeded, and each answer came from one version: the
+    group it was routed to. The figures, beside the same before the upgrade, go to the test's artifacts."""
+    quiet, during = probe.between(warm, quiet_until), probe.between(quiet_until, upgraded_at)
+    report = {"no_upgrade": figures(quiet), "during_upgrade": figures(during)}
+    (artifacts / "light-sql.json").write_text(json.dumps(report, indent=2))
+    print("light SQL through the upgrade:", json.dumps(report))
+    assert len(during) >= 30 and report["during_upgrade"]["success_rate"] >= 0.99, report
+    assert all(a.answered == a.routed for a in during if a.ok), [a for a in during if a.answered != a.routed]
+    assert {a.routed for a in during if a.ok} == {"4.2.0", "4.3.0"}, report  # routed to each group in turn
 
 
 def _a_cli_drain_racing_the_roll_is_refused(stack: Stack) -> None:
@@ -214,7 +240,8 @@ def _leaks(stack: Stack, secret: str) -> list[str]:
 
 def test_every_dag_parses_in_the_dag_processor_with_its_schedule(stack: Stack) -> None:
     airflow = stack.airflow
-    for dag_id in ("rolling_upgrade", "update_job", "drain_window", "savepoint_maintenance", "deferral_race"):
+    for dag_id in ("rolling_upgrade", "update_job", "drain_window", "savepoint_maintenance", "deferral_race",
+                   "light_sql", "leak_checker"):
         airflow.wait_for_dag(dag_id)
     assert airflow.api("GET", "/importErrors").json()["total_entries"] == 0
     window = airflow.api("GET", "/dags/drain_window/details").json()

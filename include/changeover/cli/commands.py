@@ -294,6 +294,29 @@ def sql(
     out.print(f"{len(rows)} rows, on member {where.member} (Spark {where.version})")
 
 
+@app.command("leaks")
+def leaks_check(
+    grace: Annotated[float, typer.Option(help="Seconds a leak must be seen before it is cleaned.")] = 600,
+    as_json: JsonFlag = False,
+) -> None:
+    """Find what the registry and Spark disagree on (runs, drivers, light jobs, PID files, staging folders) and
+    clean what has been seen for longer than the grace, as the leak_checker DAG does."""
+    from changeover.cluster import leaks
+
+    settings = _settings()
+    report = leaks.check(settings, membership_for(settings), grace).as_dict()
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    found = report["found"]
+    if found:
+        _emit(found, False, [("KIND", "kind"), ("SUBJECT", "subject"), ("STATE", "state"),
+                             ("SEEN FOR (S)", "seen_for"), ("WHY", "why")])
+    out.print(f"{len(found)} found, {len(report['cleaned'])} cleaned")
+    for refusal in report["refused"]:
+        out.print(f"refused: {refusal}")
+
+
 @app.command("reconcile")
 def reconcile() -> None:
     """Remove what crashed savepoints left behind: PENDING rows and staging folders."""

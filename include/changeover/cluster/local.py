@@ -298,6 +298,16 @@ class LocalCluster:
                          seconds=round(time.monotonic() - began, 1))
         return connect_server.address(host, port)
 
+    def remove_member(self, member: str) -> None:
+        """Forget a member whose worker is stopped (a surge member at the end of its upgrade)."""
+        with session_scope(self.url) as s:
+            row = get_member(s, member)
+            if processes.is_running(row.pid, row.pid_started):
+                raise ChangeoverError(f"removal of member {member}", "its worker still runs",
+                                      f"drain it and stop it first (`changeover drain {member}`)")
+            s.delete(row)
+            audit.record(s, "member.remove", "member", member, version=row.version)
+
     def connect_running(self, member: str) -> bool:
         with session_scope(self.url) as s:
             row = get_member(s, member)

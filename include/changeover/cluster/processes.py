@@ -49,6 +49,12 @@ def is_running(pid: int | None, ticks: str | None) -> bool:
     return is_ours(pid, ticks) and not _is_zombie(pid)  # type: ignore[arg-type]
 
 
+def group_running(pid: int | None, ticks: str | None) -> bool:
+    """Some process of a group we started still runs, its leader a zombie or not: while one does, the leader's PID
+    and start time (its PID file) are the handle `stop_group` ends the group by."""
+    return is_ours(pid, ticks) and _group_alive(pid)  # type: ignore[arg-type]
+
+
 def stop_group(pid: int | None, ticks: str | None, timeout: float = 20.0) -> bool:
     """SIGTERM the process group we started, then SIGKILL what is left after a deadline. False if it was gone."""
     if not is_ours(pid, ticks):

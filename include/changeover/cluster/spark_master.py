@@ -27,6 +27,27 @@ class DriverStatus:
     server_version: str
 
 
+@dataclass(frozen=True)
+class ActiveDriver:
+    submission_id: str
+    state: str  # SUBMITTED (queued for cores) | RUNNING | RELAUNCHING
+    worker: str | None  # the master's id of the worker it runs on; None while queued
+
+
+@dataclass(frozen=True)
+class ActiveApp:
+    app_id: str
+    name: str  # spark.app.name: changeover-<job> for a job's driver, changeover-connect-<member> for a Connect server
+    state: str
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The drivers and applications a master runs or queues, from one look at its JSON status."""
+    drivers: tuple[ActiveDriver, ...]
+    apps: tuple[ActiveApp, ...]
+
+
 class SparkMaster:
     def __init__(self, host: str, webui_port: int, rest_port: int, timeout: float = 10.0,
                  rest_key: str | None = None) -> None:
@@ -66,6 +87,16 @@ class SparkMaster:
         """The newest worker registered from host; older DEAD entries stay listed by the master."""
         workers = [w for w in self.state()["workers"] if w["host"] == host]
         return max(workers, key=lambda w: w["lastheartbeat"])["state"] if workers else None
+
+    def workload(self) -> Workload:
+        state = self.state()
+        return Workload(
+            tuple(ActiveDriver(str(d["id"]), str(d.get("state", "UNKNOWN")),
+                               None if d.get("worker") in (None, "None") else str(d["worker"]))
+                  for d in state.get("activedrivers", [])),
+            tuple(ActiveApp(str(a["id"]), str(a.get("name", "")), str(a.get("state", "UNKNOWN")))
+                  for a in state.get("activeapps", [])),
+        )
 
     def server_version(self) -> str:
         return self._request("GET", f"{self.rest}/status/none").json()["serverSparkVersion"]

@@ -531,7 +531,7 @@ def dismiss_standby(settings: Settings, membership: Membership, run_id: int, rea
         with session_scope(settings.database_url) as s:  # ended already, or handed the job meanwhile
             return get_job(s, job).current_run_id != run_id
     if submission is not None:  # one not yet started finds its run ended and exits
-        _kill_driver(membership.master(version), submission, f"the driver of standby run {run_id}")
+        kill_driver(membership.master(version), submission, f"the driver of standby run {run_id}")
     return True
 
 
@@ -542,7 +542,7 @@ def _kill(settings: Settings, membership: Membership, run_id: int, version: str,
     ends on its last commit, or on the boundary it parked at. Returns once the master says the driver has ended,
     so a resubmit may then take over its checkpoint."""
     asked = utcnow()
-    _kill_driver(membership.master(version), submission, f"the driver of run {run_id}")
+    kill_driver(membership.master(version), submission, f"the driver of run {run_id}")
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None
@@ -554,7 +554,7 @@ def _kill(settings: Settings, membership: Membership, run_id: int, version: str,
         audit.record(s, action, "job", run.job, run=run_id, state=run.state, reason=reason)
 
 
-def _kill_driver(master: Any, submission: str, what: str) -> None:
+def kill_driver(master: Any, submission: str, what: str) -> None:
     """Kill a driver through its master; returns once the master says it has ended."""
     master.kill(submission)
     wait_for(lambda: master.status(submission).state not in ("SUBMITTED", "RUNNING", "RELAUNCHING"), 120,

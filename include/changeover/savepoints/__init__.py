@@ -19,7 +19,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -537,8 +537,12 @@ def apply_retention(settings: Settings, job_name: str, max_count: int | None = N
     return doomed
 
 
-def reconcile(settings: Settings) -> dict[str, list[str]]:
-    """Remove what crashed savepoints left: PENDING rows, their folders, and staging leftovers."""
+def reconcile(settings: Settings, only: Collection[str] | None = None, dry_run: bool = False) -> dict[str, list[str]]:
+    """Remove what crashed savepoints left: PENDING rows, their folders, and staging leftovers.
+
+    only: remove just these names (rows as "job/name", folders relative to the store, as returned), for a caller
+    that waits out a grace before it removes anything (the leak checker); dry_run: remove nothing, only say what
+    would go."""
     removed: dict[str, list[str]] = {"rows": [], "folders": []}
     # Folders first, rows second: a builder writes its row before its folder, so every folder seen here has its row
     # in the read below, also one published meanwhile (read the other way round, its folder looked orphaned).
@@ -546,23 +550,27 @@ def reconcile(settings: Settings) -> dict[str, list[str]]:
     folders = sorted(p for p in store.glob("*/*") if p.is_dir()) if store.exists() else []
     with session_scope(settings.database_url) as s:
         pending = [sp for sp in s.scalars(select(Savepoint).where(Savepoint.status != "COMPLETED"))
-                   if not _held(sp)]
+                   if not _held(sp) and (only is None or f"{sp.job}/{sp.name}" in only)]
         busy = {(sp.job, sp.name) for sp in s.scalars(select(Savepoint).where(Savepoint.status != "COMPLETED"))
                 if _held(sp)}
         for sp in pending:
-            shutil.rmtree(sp.path, ignore_errors=True)
             removed["rows"].append(f"{sp.job}/{sp.name}")
-            s.delete(sp)
-        if removed["rows"]:
+            if not dry_run:
+                shutil.rmtree(sp.path, ignore_errors=True)
+                s.delete(sp)
+        if removed["rows"] and not dry_run:
             audit.record(s, "savepoint.reconcile", "savepoint", "*", removed=removed["rows"])
-        registered = {(sp.job, sp.name) for sp in s.scalars(select(Savepoint))}
+        # the rows removed above (or that a dry run would remove) no longer name their folders
+        registered = {(sp.job, sp.name) for sp in s.scalars(select(Savepoint))} - {(sp.job, sp.name) for sp in pending}
     for folder in folders:
         key = (folder.parent.name, folder.name.removeprefix(".staging-"))
         leftover = folder.name.startswith(".staging-") and key not in busy
         orphan = not folder.name.startswith(".") and key not in registered  # e.g. a delete cut short
-        if leftover or orphan:
-            shutil.rmtree(folder, ignore_errors=True)
-            removed["folders"].append(str(folder.relative_to(store)))
+        name = str(folder.relative_to(store))
+        if (leftover or orphan) and (only is None or name in only):
+            if not dry_run:
+                shutil.rmtree(folder, ignore_errors=True)
+            removed["folders"].append(name)
     return removed
 
 

@@ -20,7 +20,7 @@ from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, Savepoint, UpgradeRun
 from changeover.registry.states import Desired, UpgradePhase
 from changeover.settings import Settings
-from changeover.upgrade import drain, lock, relocate, verify
+from changeover.upgrade import drain, lock, relocate, surges, verify
 
 log = logging.getLogger(__name__)
 STUCK = ("DRAINING", "DRAINED", "UPGRADING")
@@ -64,6 +64,8 @@ def abort(settings: Settings, cluster: Membership, key: str, reason: str = "abor
         except ChangeoverError as exc:
             member_problems.append(f"member {member} is not back in service: {exc}")
     resumed = _withdraw_moves(settings, cluster, f"abort of upgrade {key}")
+    # surge members with jobs on them stay, serving: the abort's event names them
+    surge_left = surges.release_idle(settings, cluster, key)
     cluster.stop_empty_masters()  # the target's, started for a member that is back at its old version
     # the jobs a failed restart or launch left down, and the members that did not come back
     down = [*verify.jobs_left_down(settings, cluster, key), *member_problems]
@@ -81,7 +83,7 @@ def abort(settings: Settings, cluster: Membership, key: str, reason: str = "abor
         if run.active is not None or run.status == "FAILED":
             run.status, run.active = "ABORTED", None
         audit.record(s, "upgrade.abort", "upgrade", key, was=was, reason=reason, members_returned=returned,
-                     jobs_resumed=resumed)
+                     jobs_resumed=resumed, **({"surge_members_left": surge_left} if surge_left else {}))
     return status(settings, key)
 
 

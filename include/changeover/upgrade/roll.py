@@ -21,7 +21,7 @@ from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Member, UpgradeRun, utcnow
 from changeover.registry.states import MemberStatus, UpgradePhase
 from changeover.settings import Settings
-from changeover.upgrade import drain, lock, maintenance, member_upgrade
+from changeover.upgrade import drain, lock, maintenance, member_upgrade, surges
 from changeover.upgrade.windows import DrainWindow, may_start_drain
 
 PENDING, DRAINING, UPGRADED, SKIPPED = UpgradePhase.PENDING, UpgradePhase.DRAINING, UpgradePhase.UPGRADED, \
@@ -64,12 +64,17 @@ def step(
     window: DrainWindow | None = None,
     drain_needs_seconds: float = 0.0,
     now: datetime | None = None,
+    surge: int = 0,
 ) -> RollStatus:
-    """Advance the roll as far as it goes without waiting. Returns what it waits on, or done."""
+    """Advance the roll as far as it goes without waiting. Returns what it waits on, or done. With surge, that
+    many temporary members join at the target version before the first drain, so capacity never drops below
+    what the fleet had, and leave once every member is upgraded."""
     lock.require_active(settings, upgrade_key)
     with session_scope(settings.database_url) as s:
         run = _upgrade(s, upgrade_key)
         target, order = run.target_version, list((run.progress or {}).get("order", []))
+    if surge:
+        surges.add(settings, cluster, upgrade_key, target, surge)
     for member in order:
         phase = _phase(settings, upgrade_key, member)
         if phase in (UPGRADED, SKIPPED):
@@ -106,7 +111,8 @@ def step(
             return _status(settings, upgrade_key, member, plan)
         member_upgrade.upgrade_member(settings, cluster, member, target)
         _upgraded(settings, upgrade_key, member, target)
-    return _status(settings, upgrade_key, None, None)
+    leaving, plan = surges.remove(settings, cluster, upgrade_key, shutdown_timeout)
+    return _status(settings, upgrade_key, leaving, plan)
 
 
 def observe(
@@ -115,7 +121,8 @@ def observe(
     """Read-only: what the roll waits on now (for a trigger)."""
     with session_scope(settings.database_url) as s:
         progress = _upgrade(s, upgrade_key).progress or {}
-    current = next((m for m in progress.get("order", []) if progress["phases"][m] == DRAINING), None)
+    current = next((m for m in progress.get("order", []) if progress["phases"][m] == DRAINING), None) \
+        or surges.leaving(progress)
     plan = drain.plan(settings, cluster, current, shutdown_timeout) if current else None
     return _status(settings, upgrade_key, current, plan)
 
