@@ -26,7 +26,8 @@ def test_down_finds_and_stops_processes_from_the_state_folder_after_a_crash(
         pids = [(m.pid, m.pid_started) for m in s.query(Member)] + [(m.pid, m.pid_started) for m in s.query(Master)]
     assert len(pids) == 2 and all(processes.is_ours(pid, ticks) for pid, ticks in pids)
     assert cluster.status()["members"][0] | {"host": None} == {
-        "name": "solo", "version": "4.2.0", "status": "ACTIVE", "group": "4.2.0", "host": None, "running": True}
+        "name": "solo", "version": "4.2.0", "status": "ACTIVE", "group": "4.2.0", "host": None, "running": True,
+        "connect": None}  # it serves no light jobs
 
     # A crash that lost the registry: a fresh database, the same cluster folder.
     amnesiac = Settings(home=settings.home, database_url=f"sqlite:///{tmp_path / 'lost.db'}",
