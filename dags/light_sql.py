@@ -24,5 +24,5 @@ with DAG(
         sql="{{ params.sql }}",
         block_shutdown="{{ params.block_shutdown }}",
         shutdown_timeout="{{ params.shutdown_timeout }}",
-        retries=2,
+        retries=0,  # not fault-tolerant: a statement that wrote and lost its answer must not run twice
     )

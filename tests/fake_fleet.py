@@ -16,6 +16,7 @@ from typing import Any
 
 from changeover import audit
 from changeover.cluster import NoMaster, get_member
+from changeover.cluster.local import free_host
 from changeover.cluster.spark_master import ActiveApp, ActiveDriver, DriverStatus, MasterUnreachable, Workload
 from changeover.registry.db import session_scope
 from changeover.registry.models import Master, Member
@@ -184,8 +185,7 @@ class FakeFleet:
         with session_scope(self.settings.database_url) as s:
             row = s.get(Member, member)
             if row is None:
-                count = len(s.scalars(select(Member.name)).all())
-                row = Member(name=member, version=version, host=f"127.0.1.{count + 1}", status="STOPPED")
+                row = Member(name=member, version=version, host=free_host(s), status="STOPPED")
                 s.add(row)
             if light_jobs is not None:
                 row.light_jobs = light_jobs

@@ -217,8 +217,7 @@ class LocalCluster:
         with session_scope(self.url) as s:
             row = s.get(Member, member)
             if row is None:
-                count = len(s.scalars(select(Member.name)).all())
-                row = Member(name=member, version=version, host=f"127.0.1.{count + 1}", status="STOPPED",
+                row = Member(name=member, version=version, host=free_host(s), status="STOPPED",
                              light_jobs=bool(light_jobs))
                 s.add(row)
                 audit.record(s, "member.add", "member", member, version=version, host=row.host,
@@ -383,6 +382,13 @@ class LocalCluster:
             processes.stop_group(started.pid, started.start_ticks)
             (self.pid_dir / f"{name}.pid").unlink(missing_ok=True)
             raise
+
+
+def free_host(s: Any) -> str:
+    """The lowest loopback address no member holds: removed members free theirs, and two members on one address
+    would be one worker to the master (its decommission and state are by host)."""
+    taken = set(s.scalars(select(Member.host)))
+    return next(f"127.0.1.{i}" for i in range(1, 255) if f"127.0.1.{i}" not in taken)
 
 
 def _listening(host: str, port: int) -> bool:

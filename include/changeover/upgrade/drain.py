@@ -458,6 +458,9 @@ def abort(settings: Settings, membership: Membership, member: str, reason: str) 
     with session_scope(settings.database_url) as s:
         row = get_member(s, member)
         row.status, row.drain_started_at = "ACTIVE", None
+        serves_light_jobs = row.light_jobs
         audit.record(s, "drain.abort", "member", member, reason=reason, worker_restarted=restart,
                      jobs_continued=continued, still_decommissioned=current.decommissioned and not restart)
+    if serves_light_jobs:
+        membership.start_connect(member)  # the drain stopped it; back in service, it serves light jobs again
     return True

@@ -37,10 +37,16 @@ def add(settings: Settings, cluster: Membership, upgrade_key: str, target: str, 
             run.progress = progress
             audit.record(s, "upgrade.surge.add", "upgrade", upgrade_key, members=names, version=target)
         light_jobs = bool(progress["surge"].get("light_jobs"))
-        removed = set(progress["surge"].get("removed", []))
+        done = set(progress["surge"].get("started", [])) | set(progress["surge"].get("removed", []))
     for name in names:
-        if name not in removed:  # a retried step after the roll ended must not bring one back
-            cluster.start_worker(name, target, light_jobs=light_jobs)
+        if name in done:  # started once: a later step must not restart one its removal is draining
+            continue
+        cluster.start_worker(name, target, light_jobs=light_jobs)
+        with session_scope(settings.database_url) as s:
+            run = _locked(s, upgrade_key)
+            progress = dict(run.progress or {})
+            progress["surge"] = {**progress["surge"], "started": [*progress["surge"].get("started", []), name]}
+            run.progress = progress
     return names
 
 
