@@ -66,14 +66,17 @@ def open_checked(target: Route, user_id: str, params: str = "", reuse: bool = Fa
                 _close(pooled)
             else:
                 _check_version(target, found, pooled)
-                with _pool_lock:
-                    _pool.setdefault(key, pooled)
-                return pooled
-    spark = _open_new(target, user_id, params)
-    if reuse:
-        with _pool_lock:
-            _pool.setdefault(key, spark)
-    return spark
+                return pooled  # lent to this job alone: `give_back` returns it when the job ends
+    return _open_new(target, user_id, params)
+
+
+def give_back(target: Route, user_id: str, params: str, spark: SparkSession) -> None:
+    """Return a session to the pool once its job ended: one job at a time uses it, so its temporary views and
+    settings are never another's mid-job."""
+    with _pool_lock:
+        if _pool.setdefault((target.server, user_id, params), spark) is spark:
+            return
+    _close(spark)  # the pool has one for this server already
 
 
 def _open_new(target: Route, user_id: str, params: str) -> SparkSession:
@@ -138,8 +141,9 @@ def session(settings: Settings | None = None, *, statement: str | None = None, b
         raise
     finally:
         ledger.finish(settings, registered.tag, outcome, error)
-        if reuse:
+        if reuse and outcome == LightState.SUCCEEDED:
             spark.removeTag(registered.tag)
+            give_back(target, user, params, spark)
         else:
             _close(spark)
 
