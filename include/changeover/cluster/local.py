@@ -54,11 +54,7 @@ class LocalCluster:
     # -- observation -------------------------------------------------------------------------
     def master(self, version: str) -> SparkMaster:
         with session_scope(self.url) as s:
-            row = s.get(Master, version)
-            if row is None or row.status != "RUNNING":
-                raise NoMaster(
-                    f"version group {version}", "no master is running for it", "start it with `changeover cluster up`"
-                )
+            row = _running_master(s, version)
             return SparkMaster(row.host, row.webui_port, row.rest_port, rest_key=self.rest_key)
 
     def status(self) -> dict[str, Any]:
@@ -276,7 +272,8 @@ class LocalCluster:
             if processes.is_running(row.connect_pid, row.connect_pid_started) and port:
                 return connect_server.address(host, port)
         runtime = find_runtime(self.settings.runtimes_dir, version)
-        master_url = self._master_url(version)
+        with session_scope(self.url) as s:
+            master_url = _running_master(s, version).url
         # the same address across restarts, as a platform's would be: a client routed before an upgrade reaches the
         # upgraded server, whose version check then refuses it
         port = port if port and not _listening(host, port) and _bindable(host, port) else free_port(host)
@@ -316,12 +313,7 @@ class LocalCluster:
         """Stop the member's Connect server (its light jobs with it). False if none ran. Safe to repeat."""
         with session_scope(self.url) as s:
             row = get_member(s, member)
-            stopped = processes.stop_group(row.connect_pid, row.connect_pid_started, timeout=grace)
-            pidfile = self.pid_dir / f"connect-{member}.pid"
-            if pidfile.exists():  # one started by a try that died before the registry recorded it
-                pid, ticks = pidfile.read_text().split()
-                stopped = processes.stop_group(int(pid), ticks, timeout=grace) or stopped
-            pidfile.unlink(missing_ok=True)
+            stopped = self._stop_recorded(f"connect-{member}", row.connect_pid, row.connect_pid_started, grace)
             if row.connect_pid is not None or stopped:
                 row.connect_pid = row.connect_pid_started = None
                 audit.record(s, "member.connect.stop", "member", member, version=row.version)
@@ -334,24 +326,22 @@ class LocalCluster:
         with session_scope(self.url) as s:
             row = get_member(s, member)
             began = time.monotonic()
-            processes.stop_group(row.pid, row.pid_started, timeout=grace)
-            pidfile = self.pid_dir / f"worker-{member}.pid"
-            if pidfile.exists():  # a worker started by a try that died before it was recorded in the registry
-                pid, ticks = pidfile.read_text().split()
-                processes.stop_group(int(pid), ticks, timeout=grace)
-            pidfile.unlink(missing_ok=True)
+            self._stop_recorded(f"worker-{member}", row.pid, row.pid_started, grace)
             row.pid = None
             audit.record(s, "member.stop", "member", member, version=row.version,
                          seconds=round(time.monotonic() - began, 1))
 
     # -- helpers -----------------------------------------------------------------------------
-    def _master_url(self, version: str) -> str:
-        with session_scope(self.url) as s:
-            row = s.get(Master, version)
-            if row is None or row.status != "RUNNING":
-                raise NoMaster(f"version group {version}", "no master is running for it",
-                               "start it with `changeover cluster up`")
-            return row.url
+    def _stop_recorded(self, name: str, pid: int | None, ticks: str | None, grace: float) -> bool:
+        """Stop the process group the registry records, and the one its PID file names (started by a try that
+        died before the registry recorded it). True if either ran."""
+        stopped = processes.stop_group(pid, ticks, timeout=grace)
+        pidfile = self.pid_dir / f"{name}.pid"
+        if pidfile.exists():
+            file_pid, file_ticks = pidfile.read_text().split()
+            stopped = processes.stop_group(int(file_pid), file_ticks, timeout=grace) or stopped
+        pidfile.unlink(missing_ok=True)
+        return stopped
 
     def _env(self, runtime: Runtime, extra: dict[str, str]) -> dict[str, str]:
         # Drivers inherit a worker's environment: no registry URL in it (they get a reference of their own).
@@ -382,6 +372,14 @@ class LocalCluster:
             processes.stop_group(started.pid, started.start_ticks)
             (self.pid_dir / f"{name}.pid").unlink(missing_ok=True)
             raise
+
+
+def _running_master(s: Any, version: str) -> Master:
+    row = s.get(Master, version)
+    if row is None or row.status != "RUNNING":
+        raise NoMaster(f"version group {version}", "no master is running for it",
+                       "start it with `changeover cluster up`")
+    return row
 
 
 def free_host(s: Any) -> str:
