@@ -41,13 +41,19 @@ def begin(settings: Settings, upgrade_key: str, target: str, old: dict[str, str]
             raise busy(upgrade_key, holder) from None
 
 
+def started(s: Any, upgrade_key: str) -> UpgradeRun:
+    """The upgrade's row, or a refusal: its preflight, an upgrade DAG's first task, starts it."""
+    run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
+    if run is None:
+        raise ChangeoverError(f"upgrade {upgrade_key!r}", "no such upgrade was started",
+                              "run its preflight first (the upgrade DAG's first task does)")
+    return run
+
+
 def require_active(settings: Settings, upgrade_key: str) -> None:
     """Every step of an upgrade checks it still holds the lock: a cleared task of an ended run changes nothing."""
     with session_scope(settings.database_url) as s:
-        run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
-        if run is None:
-            raise ChangeoverError(f"upgrade {upgrade_key!r}", "no such upgrade was started",
-                                  "run its preflight first (the upgrade DAG's first task does)")
+        run = started(s, upgrade_key)
         if run.active is None:
             raise _ended(run)
 

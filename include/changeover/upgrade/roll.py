@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
-
 from changeover import audit
 from changeover.cluster import Membership
 from changeover.errors import ChangeoverError
@@ -49,7 +47,7 @@ def start(settings: Settings, upgrade_key: str, members: list[str], live_jobs: l
     """Record the order once, and the fault-tolerant jobs running as it begins (verify expects each of them
     running after it); a retried preflight keeps the progress already made. Returns the order kept."""
     with session_scope(settings.database_url) as s:
-        run = _upgrade(s, upgrade_key)
+        run = lock.started(s, upgrade_key)
         if not run.progress:
             run.progress = {"order": list(members), "phases": dict.fromkeys(members, PENDING), "reasons": {},
                             "jobs": list(live_jobs or [])}
@@ -71,7 +69,7 @@ def step(
     what the fleet had, and leave once every member is upgraded."""
     lock.require_active(settings, upgrade_key)
     with session_scope(settings.database_url) as s:
-        run = _upgrade(s, upgrade_key)
+        run = lock.started(s, upgrade_key)
         target, order = run.target_version, list((run.progress or {}).get("order", []))
     if surge:
         surges.add(settings, cluster, upgrade_key, target, surge)
@@ -120,7 +118,7 @@ def observe(
 ) -> RollStatus:
     """Read-only: what the roll waits on now (for a trigger)."""
     with session_scope(settings.database_url) as s:
-        progress = _upgrade(s, upgrade_key).progress or {}
+        progress = lock.started(s, upgrade_key).progress or {}
     current = next((m for m in progress.get("order", []) if progress["phases"][m] == DRAINING), None) \
         or surges.leaving(progress)
     plan = drain.plan(settings, cluster, current, shutdown_timeout) if current else None
@@ -129,21 +127,13 @@ def observe(
 
 def _status(settings: Settings, key: str, current: str | None, plan: drain.DrainPlan | None) -> RollStatus:
     with session_scope(settings.database_url) as s:
-        progress = _upgrade(s, key).progress or {}
+        progress = lock.started(s, key).progress or {}
     return RollStatus(key, dict(progress.get("phases", {})), current, plan, dict(progress.get("reasons", {})))
-
-
-def _upgrade(s: Any, key: str) -> UpgradeRun:
-    run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == key))
-    if run is None:
-        raise ChangeoverError(f"upgrade {key!r}", "no such upgrade was started",
-                              "run its preflight first (the rolling_upgrade DAG's first task does)")
-    return run
 
 
 def _phase(settings: Settings, key: str, member: str) -> str:
     with session_scope(settings.database_url) as s:
-        return str((_upgrade(s, key).progress or {}).get("phases", {}).get(member, PENDING))
+        return str((lock.started(s, key).progress or {}).get("phases", {}).get(member, PENDING))
 
 
 def _upgraded(settings: Settings, key: str, member: str, target: str) -> None:
@@ -153,7 +143,7 @@ def _upgraded(settings: Settings, key: str, member: str, target: str) -> None:
 
 def _set_phase(settings: Settings, key: str, member: str, phase: str, reason: str | None = None) -> None:
     with session_scope(settings.database_url) as s:
-        run = lock_row(s, UpgradeRun, _upgrade(s, key).id)
+        run = lock_row(s, UpgradeRun, lock.started(s, key).id)
         progress = dict(run.progress or {})
         before = progress.get("phases", {}).get(member)
         if before == phase:

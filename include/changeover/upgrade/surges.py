@@ -14,11 +14,10 @@ from sqlalchemy import select
 
 from changeover import audit, jobs
 from changeover.cluster import IDLE_STOP_GRACE, Membership
-from changeover.errors import ChangeoverError
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Member, UpgradeRun
 from changeover.settings import Settings
-from changeover.upgrade import drain
+from changeover.upgrade import drain, lock
 
 PREFIX = "surge-"
 
@@ -107,8 +106,4 @@ def leaving(progress: dict[str, Any]) -> str | None:
 
 
 def _locked(s: Any, upgrade_key: str) -> UpgradeRun:
-    run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
-    if run is None:
-        raise ChangeoverError(f"upgrade {upgrade_key!r}", "no such upgrade was started",
-                              "run its preflight first (the upgrade DAG's first task does)")
-    return lock_row(s, UpgradeRun, run.id)
+    return lock_row(s, UpgradeRun, lock.started(s, upgrade_key).id)
