@@ -19,15 +19,17 @@ demo: java $(VENV)/.installed runtimes airflow-db
 
 test: java chromium $(VENV)/.installed runtimes airflow-db
 	$(BIN)/ruff check dags plugins include tests bench
-	$(BIN)/pytest -v -rs --durations=15
+	$(BIN)/pytest -v -rs --durations=15 -m "not soak"
 
 # The unit tests and the control plane's decisions over the fake fleet, on the registries: no Spark, no Airflow.
 test-fast: $(VENV)/.installed runtimes airflow-db
 	$(BIN)/ruff check dags plugins include tests bench
-	$(BIN)/pytest -q -rs -m "not slow" --durations=5
+	$(BIN)/pytest -q -rs -m "not slow and not soak" --durations=5
 
-# Not in CI: the browser-triggered rolling upgrade through the real scheduler, SOAK_RUNS times in a row.
+# Not in CI: the long reproductions and fault cases marked soak, then the browser-triggered rolling upgrade through
+# the real scheduler, SOAK_RUNS times in a row.
 soak: java chromium $(VENV)/.installed runtimes airflow-db
+	$(BIN)/pytest -v -rs -m soak
 	@for i in $$(seq $(SOAK_RUNS)); do echo "soak run $$i of $(SOAK_RUNS)"; \
 	  $(BIN)/pytest -q -rs -p no:cacheprovider tests/e2e -k "ui_triggered and sqlite" || exit 1; done
 

@@ -3,6 +3,9 @@ a worker the CLI or the demo started): the dead leader stays a zombie until its 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -63,3 +66,30 @@ def test_a_group_whose_leader_is_a_zombie_but_whose_child_runs_on_is_killed(tmp_
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_spawned_process_holds_none_of_its_starters_sockets(tmp_path: Path) -> None:
+    """The fix of Airflow's deferral race (tests/e2e/dags/deferral_race.py reproduces it, under `make soak`): a
+    process that a task starts must not hold the task's stdin, a socket to the task's supervisor, or the task's exit
+    is seen only when that process ends."""
+    supervisor, task_end = socket.socketpair()
+    saved_stdin = os.dup(0)
+    os.dup2(task_end.fileno(), 0)  # as in an Airflow task
+    try:
+        started = processes.spawn([sys.executable, "-c", "import time; time.sleep(60)"], {"PATH": "/usr/bin:/bin"},
+                                  tmp_path / "child.log")
+    finally:
+        os.dup2(saved_stdin, 0)
+        os.close(saved_stdin)
+        supervisor.close()
+        task_end.close()
+    try:
+        held = []
+        for fd in os.listdir(f"/proc/{started.pid}/fd"):
+            with contextlib.suppress(FileNotFoundError):  # a file the starting interpreter closed meanwhile
+                held.append(os.readlink(f"/proc/{started.pid}/fd/{fd}"))
+        assert os.readlink(f"/proc/{started.pid}/fd/0") == "/dev/null", held
+        assert not [h for h in held if h.startswith("socket:")], held
+        assert os.getpgid(started.pid) == started.pid  # a group of its own, ended by its own PID file
+    finally:
+        processes.stop_group(started.pid, started.start_ticks, timeout=5)

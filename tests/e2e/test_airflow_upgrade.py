@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,21 +89,21 @@ def _start_guide(stack: Stack) -> tuple[Words, Path]:
     return words, output
 
 
+@pytest.mark.only_on("postgresql" if PG_ADMIN_URL else "sqlite",
+                     "run once, on PostgreSQL metadata (CI); the other SQLite tests drive Airflow's upgrades")
 def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members: list[str]) -> None:
     """On PostgreSQL metadata the roll task is also killed mid-drain, mid-savepoint and mid-launch; on SQLite a
     user's own job, the guide's windowed count writing parquet, is rolled beside the demo's job. It runs once,
     on PostgreSQL when CI sets it: SQLite metadata runs the killed scheduler's and update_job's upgrades through
     the same scheduler, and tests/test_user_jobs.py moves the guide's job exact."""
-    if stack.kind == "sqlite" and PG_ADMIN_URL:
-        pytest.skip("run once, on PostgreSQL metadata (CI); the other SQLite tests drive Airflow's upgrades")
     forced = stack.kind == "postgresql"
     # three killed tries in a row take longer than the usual lease: the parked run waits them out
     lease = 3 * LEASE_SECONDS if forced else LEASE_SECONDS
     generator = _start_clicks(stack, "clicks", lease)
     guide = _start_guide(stack) if stack.kind == "sqlite" else None
     # Light SQL through the upgrade (seed 000): a Connect server per member, and a client asking once a second.
-    for member in members:
-        stack.cluster.start_worker(member, "4.2.0", light_jobs=True)
+    with ThreadPoolExecutor(len(members)) as pool:  # each member's own server, started side by side
+        list(pool.map(lambda member: stack.cluster.start_worker(member, "4.2.0", light_jobs=True), members))
     probe = SqlProbe(stack.settings).start()
     wait_for(lambda: len([a for a in probe.answers if a.ok]) >= 3, 120, "the Connect servers' first answers")
     warm = time.time()  # the baseline leaves out the first queries, which wait for the servers' executors
@@ -287,11 +288,10 @@ def _task_log_tail(stack: Stack, run_id: str, dag_id: str = "rolling_upgrade") -
     return "\n".join(lines[-120:])
 
 
+@pytest.mark.only_on("sqlite", "run once, on the embedded default; the PostgreSQL run has the forced failure")
 def test_a_killed_scheduler_leaves_no_job_stopped_and_a_restart_finishes_the_run(
     stack: Stack, members: list[str]
 ) -> None:
-    if stack.kind != "sqlite":
-        pytest.skip("run once, on the embedded default; the PostgreSQL run has the forced failure")
     generator = _start_clicks(stack, "clicks_outage")
     airflow = stack.airflow
     try:
@@ -311,8 +311,7 @@ def test_a_killed_scheduler_leaves_no_job_stopped_and_a_restart_finishes_the_run
         why = [e.details["reason"] for e in audit.find(stack.settings.database_url, job="clicks_outage")
                if e.action == "job.unpark"]
         assert why == ["its lease ran out and no successor was launched"], why
-        airflow.stop()
-        airflow.start()
+        airflow.restart_component("scheduler")  # as its service manager would; the other components ran on
         state = airflow.follow("rolling_upgrade", run_id, timeout=1500)
         assert state == "success", _task_log_tail(stack, run_id)
     finally:
@@ -341,9 +340,9 @@ def _running_again(stack: Stack, name: str) -> bool:
             and as_utc(current.last_commit_at) > as_utc(parks[-1])
 
 
+@pytest.mark.soak  # its fix is checked in tests/test_processes.py; the reproduction takes two minutes of Airflow
+@pytest.mark.only_on("sqlite", "the race is the scheduler's, whatever its database: run once")
 def test_the_deferral_race_is_reproduced_and_both_fixes_avoid_it(stack: Stack) -> None:
-    if stack.kind != "sqlite":
-        pytest.skip("the race is the scheduler's, whatever its database: run once")
     airflow = stack.airflow
     run_id = airflow.trigger("deferral_race", {})
     assert airflow.follow("deferral_race", run_id, timeout=600) == "failed"
@@ -389,6 +388,7 @@ def _committing_on(stack: Stack, name: str, run_id: int) -> None:
              f"run {run_id} of job {name} committing again")
 
 
+@pytest.mark.only_on("sqlite", "the checks and the update run once, on the embedded default")
 def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_rolls_back(stack: Stack) -> None:
     """One member at 4.2.0 and one job on the demo's data, its code edited in files outside the checkout:
     - rolling_upgrade to 4.2.1, where the job's code sums instead of counting, stops in its compatibility
@@ -397,8 +397,6 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
     - update_job with a filter added completes;
     - update_job with code that fails on a later batch is rolled back to the code before it.
     The sinks then hold exactly the ground truth."""
-    if stack.kind != "sqlite":
-        pytest.skip("the checks and the update run once, on the embedded default")
     name, airflow = "clicks_update", stack.airflow
     edits = stack.settings.home.parent / "team-repo"
     stack.cluster.up([("u1", "4.2.0")])

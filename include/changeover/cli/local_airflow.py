@@ -76,6 +76,7 @@ class Standalone:
     log: Path
     port: int = field(default_factory=free_port)
     started: processes.Started | None = None
+    replacements: list[processes.Started] = field(default_factory=list)  # components restarted on their own
     token: str | None = None
 
     @property
@@ -103,6 +104,9 @@ class Standalone:
         return self
 
     def stop(self) -> bool:
+        for replacement in self.replacements:
+            processes.stop_group(replacement.pid, replacement.start_ticks, timeout=40)
+        self.replacements.clear()
         if self.started is None:
             return False
         stopped = processes.stop_group(self.started.pid, self.started.start_ticks, timeout=40)
@@ -186,6 +190,14 @@ class Standalone:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
         return killed
+
+    def restart_component(self, name: str, timeout: float = 180) -> None:
+        """Start one component again on its own, as a service manager restarts a crashed one; standalone's other
+        components run on. It is stopped with the rest."""
+        assert self.started is not None
+        self.replacements.append(processes.spawn([str(AIRFLOW), name], self.env,
+                                                 self.log.with_name(f"{self.log.stem}-{name}.log"), cwd=self.home))
+        self.wait(self._healthy, timeout, f"Airflow's restarted {name} being healthy")
 
     def event_logs(self, **filters: Any) -> list[dict[str, Any]]:
         reply = self.api("GET", "/eventLogs", params={"limit": 1000, **filters})
