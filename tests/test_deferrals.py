@@ -163,3 +163,26 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
     outcomes = [e.outcome for e in audit.find(settings.database_url, job="clicks") if e.action == "job.stability"]
     assert outcomes == ["passed", "failed"]
     assert audit.acting() is None  # the test's own context was not touched
+
+
+def test_the_trigger_fires_no_sooner_than_its_settle_time_though_ready_at_once(settings: Settings,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other half of the deferral race's fix (tests/e2e/dags/deferral_race.py, under `make soak`): a deferred task
+    resumed at once can race its own exit's report, so the trigger waits out its settle time first. The observation
+    is replaced here (it is ready at once), and the hook hands over the test's registry instead of a connection's."""
+    import asyncio
+
+    from changeover_airflow import hooks, triggers
+
+    monkeypatch.setattr(hooks.ChangeoverHook, "get_settings", lambda self: settings)
+    monkeypatch.setattr(triggers, "ready", lambda *args: (True, {"drained": True}))
+    trigger = triggers.ReconcileTrigger("drain", "m1", poll_interval=0.05, settle_seconds=1.5)
+
+    async def first_event() -> tuple[float, object]:
+        began = time.monotonic()
+        async for event in trigger.run():
+            return time.monotonic() - began, event
+        raise AssertionError("the trigger ended without an event")
+
+    waited, event = asyncio.run(first_event())
+    assert waited >= 1.5 and event.payload["observed"] == {"drained": True}  # type: ignore[attr-defined]

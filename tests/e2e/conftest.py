@@ -100,8 +100,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     members for nothing."""
     for item in items:
         only = item.get_closest_marker("only_on")
-        callspec = getattr(item, "callspec", None)
-        if only and callspec and callspec.params.get("stack") != only.args[0]:
+        if only is None:
+            continue
+        kind = getattr(item, "callspec", None) and item.callspec.params.get("stack")
+        if kind is None:
+            raise pytest.UsageError(f"{item.nodeid}: only_on needs the `stack` fixture, whose kind it picks")
+        if kind != only.args[0]:
             item.add_marker(pytest.mark.skip(reason=only.args[1]))
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from changeover import audit, faults, jobs
 from changeover.cli.generator import Generator
-from changeover.cluster import processes, wait_for
+from changeover.cluster import LocalCluster, processes, wait_for
 from changeover.jobs import move_history
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, utcnow
@@ -102,8 +102,11 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
     generator = _start_clicks(stack, "clicks", lease)
     guide = _start_guide(stack) if stack.kind == "sqlite" else None
     # Light SQL through the upgrade (seed 000): a Connect server per member, and a client asking once a second.
-    with ThreadPoolExecutor(len(members)) as pool:  # each member's own server, started side by side
-        list(pool.map(lambda member: stack.cluster.start_worker(member, "4.2.0", light_jobs=True), members))
+    # Each member's own server, started side by side (its master and worker are up: each start writes only its own
+    # member's row), with twice the usual start timeout, as three JVMs share two cores.
+    patient = LocalCluster(stack.settings, start_timeout=2 * stack.cluster.start_timeout)
+    with ThreadPoolExecutor(len(members)) as pool:
+        list(pool.map(lambda member: patient.start_worker(member, "4.2.0", light_jobs=True), members))
     probe = SqlProbe(stack.settings).start()
     wait_for(lambda: len([a for a in probe.answers if a.ok]) >= 3, 120, "the Connect servers' first answers")
     warm = time.time()  # the baseline leaves out the first queries, which wait for the servers' executors
@@ -213,7 +216,7 @@ def _leaks(stack: Stack, secret: str) -> list[str]:
     (trigger rows, task instances' next_kwargs, XComs, rendered fields) and of the registry (runs' sink
     descriptions, events), every JSON file under Changeover's home but its secrets (savepoint manifests), and the
     environment of every process Airflow and the Spark cluster run (drivers included)."""
-    found = [str(p) for p in [stack.airflow.log, *stack.airflow.home.rglob("*.log")]
+    found = [str(p) for p in [*stack.airflow.logs, *stack.airflow.home.rglob("*.log")]
              if p.is_file() and secret in p.read_text(errors="replace")]
     found += [str(p) for p in stack.settings.home.rglob("*.json") if "secrets" not in p.parts
               and p.is_file() and secret in p.read_text(errors="replace")]
@@ -348,7 +351,7 @@ def test_the_deferral_race_is_reproduced_and_both_fixes_avoid_it(stack: Stack) -
     assert airflow.follow("deferral_race", run_id, timeout=600) == "failed"
     states = {t["task_id"]: (t["state"], t["try_number"]) for t in airflow.task_instances("deferral_race", run_id)}
     assert states == {"race": ("failed", 1), "settled": ("success", 1)}, states
-    scheduler_log = airflow.log.read_text(errors="replace")
+    scheduler_log = "\n".join(log.read_text(errors="replace") for log in airflow.logs)  # a restarted one's too
     assert "reported that the task instance <TaskInstance: deferral_race.race" in scheduler_log
     assert "reported that the task instance <TaskInstance: deferral_race.settled" not in scheduler_log
 

@@ -457,8 +457,7 @@ def _parquet_listed_once(output: Path) -> list[dict[str, object]]:
     return [row for path in listed for row in pq.read_table(unquote(urlparse(path).path)).to_pylist()]
 
 
-# The running case (the job submitted again by hand) is under `make soak`: its fencing is the mid-drain case's.
-@pytest.mark.parametrize("mid_drain", [pytest.param(False, marks=pytest.mark.soak), True], ids=["running", "mid-drain"])
+@pytest.mark.parametrize("mid_drain", [False, True], ids=["running", "mid-drain"])
 def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: LocalCluster, tmp_path: Path,
                                                  mid_drain: bool) -> None:
     """The worker process of the job's member is SIGSTOPped until its master declares it lost (spark.worker.timeout,

@@ -7,17 +7,19 @@ uses. The core never imports Airflow: it only builds environments and command li
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from changeover.cluster import processes, wait_for
 from changeover.cluster.ports import free_port
@@ -76,7 +78,7 @@ class Standalone:
     log: Path
     port: int = field(default_factory=free_port)
     started: processes.Started | None = None
-    replacements: list[processes.Started] = field(default_factory=list)  # components restarted on their own
+    replacements: list[tuple[processes.Started, Path]] = field(default_factory=list)  # restarted components, logs
     token: str | None = None
 
     @property
@@ -104,7 +106,7 @@ class Standalone:
         return self
 
     def stop(self) -> bool:
-        for replacement in self.replacements:
+        for replacement, _log in self.replacements:
             processes.stop_group(replacement.pid, replacement.start_ticks, timeout=40)
         self.replacements.clear()
         if self.started is None:
@@ -180,24 +182,50 @@ class Standalone:
         raise ChangeoverError(f"run {run_id} of DAG {dag_id}", f"it did not finish within {timeout:.0f} s",
                               f"look at the grid at {self.url}/dags/{dag_id} and the logs under {self.home}/logs")
 
+    @property
+    def logs(self) -> list[Path]:
+        """Standalone's log, then each restarted component's."""
+        return [self.log, *(log for _started, log in self.replacements)]
+
     def kill_component(self, name: str) -> list[int]:
-        """SIGKILL one of standalone's components (e.g. the scheduler), as a crash would. Returns the PIDs."""
+        """SIGKILL one of standalone's components (e.g. the scheduler) and every process under it (its executor's
+        workers, its log server), as a crash under a service manager that ends the service's whole group would.
+        Returns the PIDs."""
         assert self.started is not None
         killed = []
         for pid in processes.group_members(self.started.pid):
             cmdline = processes.cmdline(pid)
             if pid != self.started.pid and cmdline[1:3] == [str(AIRFLOW), name]:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+                    for process in tree:  # all found before any dies: an orphan leaves the tree
+                        with contextlib.suppress(psutil.NoSuchProcess):
+                            process.kill()
+                            killed.append(process.pid)
         return killed
 
     def restart_component(self, name: str, timeout: float = 180) -> None:
         """Start one component again on its own, as a service manager restarts a crashed one; standalone's other
-        components run on. It is stopped with the rest."""
+        components run on. Returns once the new one heartbeats; it is stopped with the rest."""
         assert self.started is not None
-        self.replacements.append(processes.spawn([str(AIRFLOW), name], self.env,
-                                                 self.log.with_name(f"{self.log.stem}-{name}.log"), cwd=self.home))
-        self.wait(self._healthy, timeout, f"Airflow's restarted {name} being healthy")
+        since = datetime.now(UTC)
+        log = self.log.with_name(f"{self.log.stem}-{name}.log")
+        started = processes.spawn([str(AIRFLOW), name], self.env, log, cwd=self.home)
+        self.replacements.append((started, log))
+        component = name.replace("-", "_")
+
+        def heartbeating() -> bool:
+            if not processes.is_running(started.pid, started.start_ticks):
+                raise ChangeoverError(f"restart of Airflow's {name}", "it exited while starting",
+                                      f"read its log: {log}")
+            health = httpx.get(f"{self.url}/api/v2/monitor/health", timeout=5).json().get(component, {})
+            beat = health.get(f"latest_{component}_heartbeat")
+            if health.get("status") != "healthy" or beat is None:
+                return False
+            at = datetime.fromisoformat(beat)  # the killed one's last beat is no news of the new one
+            return (at if at.tzinfo else at.replace(tzinfo=UTC)) > since
+
+        self.wait(heartbeating, timeout, f"Airflow's restarted {name} heartbeating")
 
     def event_logs(self, **filters: Any) -> list[dict[str, Any]]:
         reply = self.api("GET", "/eventLogs", params={"limit": 1000, **filters})
