@@ -227,6 +227,7 @@ def _roll_until(settings: Settings, cluster: LocalCluster, key: str, done: bool,
              interval=2.0, retryable=())
 
 
+@pytest.mark.soak  # 3 min; CI's hour keeps the abort that fails then succeeds (next), this one under `make soak`
 def test_a_new_version_that_fails_a_moved_job_stops_the_roll_and_an_abort_runs_it_on_the_old_one(
     settings: Settings, cluster: LocalCluster
 ) -> None:

@@ -152,6 +152,7 @@ def test_a_successor_killed_between_its_commit_in_the_users_database_and_the_reg
     assert runs[1].first_write_at is None and runs[1].id in writers  # it wrote, and only the sink knows
 
 
+@pytest.mark.soak  # the same gap as the case above, the registry down instead of the successor: under `make soak`
 def test_the_registry_stopped_between_a_commit_in_the_users_database_and_its_record_loses_nothing(
     server: Server, users_server: Server, live: tuple[Settings, LocalCluster], monkeypatch: pytest.MonkeyPatch
 ) -> None:
