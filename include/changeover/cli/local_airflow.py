@@ -25,6 +25,7 @@ from changeover.cluster import processes, wait_for
 from changeover.cluster.ports import free_port
 from changeover.errors import ChangeoverError
 from changeover.settings import CHECKOUT, Settings
+from changeover.timeutil import as_utc
 
 AIRFLOW = Path(sys.executable).parent / "airflow"
 
@@ -197,7 +198,8 @@ class Standalone:
             cmdline = processes.cmdline(pid)
             if pid != self.started.pid and cmdline[1:3] == [str(AIRFLOW), name]:
                 with contextlib.suppress(psutil.NoSuchProcess):
-                    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+                    component = psutil.Process(pid)
+                    tree = [component, *component.children(recursive=True)]
                     for process in tree:  # all found before any dies: an orphan leaves the tree
                         with contextlib.suppress(psutil.NoSuchProcess):
                             process.kill()
@@ -218,12 +220,11 @@ class Standalone:
             if not processes.is_running(started.pid, started.start_ticks):
                 raise ChangeoverError(f"restart of Airflow's {name}", "it exited while starting",
                                       f"read its log: {log}")
-            health = httpx.get(f"{self.url}/api/v2/monitor/health", timeout=5).json().get(component, {})
+            health = self._health().get(component, {})
             beat = health.get(f"latest_{component}_heartbeat")
             if health.get("status") != "healthy" or beat is None:
                 return False
-            at = datetime.fromisoformat(beat)  # the killed one's last beat is no news of the new one
-            return (at if at.tzinfo else at.replace(tzinfo=UTC)) > since
+            return as_utc(datetime.fromisoformat(beat)) > since  # the killed one's last beat is no news of the new
 
         self.wait(heartbeating, timeout, f"Airflow's restarted {name} heartbeating")
 
@@ -237,9 +238,13 @@ class Standalone:
         if self.started is None or not processes.is_ours(self.started.pid, self.started.start_ticks):
             raise ChangeoverError("airflow standalone", "it exited while starting",
                                   f"read its log: {self.log}")
-        health = httpx.get(f"{self.url}/api/v2/monitor/health", timeout=5).json()
+        health = self._health()
         parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
         return all(health.get(p, {}).get("status") == "healthy" for p in parts)
+
+    def _health(self) -> dict[str, Any]:
+        """Airflow's own report of each component: its status and latest heartbeat."""
+        return dict(httpx.get(f"{self.url}/api/v2/monitor/health", timeout=5).json())
 
     @staticmethod
     def wait(condition: Any, timeout: float, what: str) -> None:
