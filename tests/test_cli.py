@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from changeover.cluster import LocalCluster
+from changeover.light import ledger
 from changeover.settings import Settings
+from fake_fleet import FakeFleet
 
 CLI = [sys.executable, "-m", "changeover"]
 
@@ -41,8 +44,7 @@ def test_bad_input_is_refused_in_one_line(settings: Settings, args: list[str], m
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
-    status = json.loads(run(settings, "cluster", "status", "--json").stdout)
-    assert status == {"members": [], "masters": []}
+    assert LocalCluster(settings).status() == {"members": [], "masters": []}
 
 
 def test_listings_speak_json(settings: Settings) -> None:
@@ -50,6 +52,20 @@ def test_listings_speak_json(settings: Settings) -> None:
         result = run(settings, *args)
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout) == []
+
+
+def test_light_jobs_are_listed_and_interrupted_by_tag(settings: Settings) -> None:
+    FakeFleet(settings).up([("m1", "4.2.0")], light_jobs=True)
+    job = ledger.register(settings, "m1", "4.2.0", "sc://127.0.0.1:1", "s1", "alice", statement="SELECT 1",
+                          block_shutdown=True, shutdown_timeout=30)
+    listed = json.loads(run(settings, "light", "list", "--json").stdout)
+    assert [(r["tag"], r["member"], r["state"], r["user"]) for r in listed] == [(job.tag, "m1", "RUNNING", "alice")]
+    done = run(settings, "light", "interrupt", job.tag)  # no server listens there: its row ends all the same
+    assert done.returncode == 0 and f"light job {job.tag} interrupted (0 operations)" in done.stdout, done.stderr
+    assert ledger.get(settings, job.tag).state == "INTERRUPTED"
+    again = run(settings, "light", "interrupt", job.tag)
+    assert again.returncode == 2 and "it is INTERRUPTED, not running" in again.stderr
+    assert json.loads(run(settings, "light", "list", "--json").stdout) == []
 
 
 def test_missing_runtime_is_refused(settings: Settings, tmp_path: Path) -> None:

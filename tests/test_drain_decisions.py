@@ -4,19 +4,22 @@ as its driver and its master would report it, and checks which list `drain.plan`
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from changeover import light
+from changeover.cluster import wait_for
 from changeover.light import ledger
 from changeover.registry.db import session_scope
-from changeover.registry.models import Job, JobRun, Member, utcnow
+from changeover.registry.models import Job, JobRun, LightJob, Member, utcnow
 from changeover.registry.states import LightState
 from changeover.settings import Settings
 from changeover.upgrade import drain
 from fake_fleet import FakeFleet
+from sqlalchemy import select
 
 
 @pytest.fixture
@@ -213,3 +216,37 @@ def test_light_jobs_of_a_connect_server_that_died_do_not_hold_a_drain(settings: 
     fleet.connect_servers.pop("m1")  # the server's process is gone; its row still says RUNNING
     assert drain.step(settings, fleet, "m1").status == "DRAINED"
     assert ledger.get(settings, orphan).state == "FAILED"
+
+
+def _light_row(settings: Settings, tag: str, **values: Any) -> None:
+    with session_scope(settings.database_url) as s:
+        row = s.scalar(select(LightJob).where(LightJob.tag == tag))
+        for key, value in values.items():
+            setattr(row, key, value)
+
+
+def test_light_jobs_whose_client_went_silent_or_whose_server_was_restarted_do_not_hold_a_drain(
+        settings: Settings) -> None:
+    """A killed client leaves its row RUNNING, and a restarted Connect server took the job's session with it: a
+    blocking row of either would hold the drain for ever."""
+    fleet = FakeFleet(settings)
+    fleet.up([("m1", "4.2.0")], light_jobs=True)
+    silent, restarted, alive = (_light_job(fleet, "m1", block_shutdown=True) for _ in range(3))
+    _light_row(settings, silent, heartbeat_at=utcnow() - timedelta(seconds=ledger.SILENCE_SECONDS + 5))
+    _light_row(settings, restarted, server_pid=999)  # an earlier process of the member's server
+    plan = drain.step(settings, fleet, "m1")
+    assert plan.wait == [alive] and plan.light == [alive]
+    assert "the client is gone" in ledger.get(settings, silent).error
+    assert "was restarted since" in ledger.get(settings, restarted).error
+    assert {ledger.get(settings, tag).state for tag in (silent, restarted)} == {"FAILED"}
+    assert ledger.heartbeat(settings, alive) and not ledger.heartbeat(settings, silent)  # an ended row stays ended
+
+
+def test_a_running_light_jobs_client_heartbeats_until_its_block_ends(settings: Settings) -> None:
+    fleet = FakeFleet(settings)
+    fleet.up([("m1", "4.2.0")], light_jobs=True)
+    tag = _light_job(fleet, "m1", block_shutdown=True)
+    first = ledger.get(settings, tag).heartbeat_at
+    with ledger.kept_alive(settings, tag, every=0.05):
+        wait_for(lambda: ledger.get(settings, tag).heartbeat_at > first, 10, "a heartbeat")
+    assert not [t for t in threading.enumerate() if t.name == f"heartbeat-{tag}"]

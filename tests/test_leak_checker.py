@@ -18,7 +18,7 @@ import pytest
 from changeover.cluster import leaks, processes
 from changeover.light import ledger
 from changeover.registry.db import session_scope
-from changeover.registry.models import Event, Job, JobRun, Savepoint, utcnow
+from changeover.registry.models import Event, Job, JobRun, LightJob, Savepoint, utcnow
 from changeover.runtime.sinks import files
 from changeover.settings import Settings
 from fake_fleet import FakeFleet
@@ -219,6 +219,25 @@ def test_a_running_light_job_whose_connect_server_is_gone_is_ended(settings: Set
     assert ended.state == "INTERRUPTED" and "Connect server is not" in ended.error
     assert ledger.get(settings, kept.tag).state == "RUNNING"
     assert ("light_job", lost.tag) in _events(settings, "light.end")
+
+
+def test_a_running_light_job_whose_client_went_silent_is_ended(settings: Settings) -> None:
+    fleet = FakeFleet(settings)
+    fleet.up([("m1", VERSION)], light_jobs=True)
+    silent = ledger.register(settings, "m1", VERSION, "sc://127.0.1.1:1", "s1", "alice", statement="SELECT 1",
+                             block_shutdown=True, shutdown_timeout=30)
+    talking = ledger.register(settings, "m1", VERSION, "sc://127.0.1.1:1", "s2", "bob", statement="SELECT 2",
+                              block_shutdown=True, shutdown_timeout=30)
+    with session_scope(settings.database_url) as s:
+        s.scalar(select(LightJob).where(LightJob.tag == silent.tag)).heartbeat_at = (
+            utcnow() - timedelta(seconds=ledger.SILENCE_SECONDS + 1))
+    t0 = utcnow()
+    assert _states(leaks.check(settings, fleet, GRACE, now=t0)) == {("light_job", silent.tag): "waiting"}
+    ledger.heartbeat(settings, talking.tag)
+    report = leaks.check(settings, fleet, GRACE, now=t0 + timedelta(seconds=GRACE))
+    assert [(c["kind"], c["subject"]) for c in report.cleaned] == [("light_job", silent.tag)]
+    assert "the client is gone" in ledger.get(settings, silent.tag).error
+    assert ledger.get(settings, talking.tag).state == "RUNNING"
 
 
 def test_a_file_sinks_staging_left_by_an_ended_run_is_removed_after_the_grace(fleet: FakeFleet, settings: Settings,

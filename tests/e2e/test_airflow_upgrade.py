@@ -41,13 +41,14 @@ KILL_POINTS = ("drain.after_stop", "savepoint.copying.stop", "launch.submitted")
 CONF = {"target_version": "4.3.0", "members": ["m1", "m2", "m3"], "shutdown_timeout": 30}
 
 
-def _start_clicks(stack: Stack, name: str, lease: float = LEASE_SECONDS) -> Generator:
+def _start_clicks(stack: Stack, name: str, lease: float = LEASE_SECONDS, wait: bool = True) -> Generator:
     generator = Generator(stack.settings.data_dir / f"landing-{name}")
     generator.write_file()
     generator.start(interval=0.5)
     jobs.submit(stack.settings, stack.cluster, "jobs.clicks", name,
                 options={"landing": str(generator.landing), "lease_seconds": lease})
-    jobs.wait_until_committed(stack.settings, stack.cluster, name)
+    if wait:
+        jobs.wait_until_committed(stack.settings, stack.cluster, name)
     return generator
 
 
@@ -99,14 +100,16 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
     forced = stack.kind == "postgresql"
     # three killed tries in a row take longer than the usual lease: the parked run waits them out
     lease = 3 * LEASE_SECONDS if forced else LEASE_SECONDS
-    generator = _start_clicks(stack, "clicks", lease)
-    guide = _start_guide(stack) if stack.kind == "sqlite" else None
+    generator = _start_clicks(stack, "clicks", lease, wait=False)
     # Light SQL through the upgrade (seed 000): a Connect server per member, and a client asking once a second.
     # Each member's own server, started side by side (its master and worker are up: each start writes only its own
-    # member's row), with twice the usual start timeout, as three JVMs share two cores.
+    # member's row) while the job plans its first batch, with twice the usual start timeout, as their JVMs and the
+    # job's share two cores.
     patient = LocalCluster(stack.settings, start_timeout=2 * stack.cluster.start_timeout)
     with ThreadPoolExecutor(len(members)) as pool:
         list(pool.map(lambda member: patient.start_worker(member, "4.2.0", light_jobs=True), members))
+    jobs.wait_until_committed(stack.settings, stack.cluster, "clicks")
+    guide = _start_guide(stack) if stack.kind == "sqlite" else None
     probe = SqlProbe(stack.settings).start()
     wait_for(lambda: len([a for a in probe.answers if a.ok]) >= 3, 120, "the Connect servers' first answers")
     warm = time.time()  # the baseline leaves out the first queries, which wait for the servers' executors

@@ -40,6 +40,9 @@ db_app = typer.Typer(help="The registry's schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 maintenance_app = typer.Typer(help="Members marked for the next drain window.", invoke_without_command=True)
 app.add_typer(maintenance_app, name="maintenance")
+light_app = typer.Typer(help="Light jobs: SQL and DataFrames run through the members' Connect servers.",
+                        no_args_is_help=True)
+app.add_typer(light_app, name="light")
 # Markup off: job code, paths and Spark's messages hold brackets that Rich would read as tags.
 out = Console(markup=False, highlight=False)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -292,6 +295,41 @@ def sql(
     if columns:
         _emit(rows, False, columns)
     out.print(f"{len(rows)} rows, on member {where.member} (Spark {where.version})")
+
+
+@light_app.command("list")
+def light_list(
+    show_all: Annotated[bool, typer.Option("--all", help="Every state, not only the running ones.")] = False,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """Light jobs the registry holds: where each runs, for whom, and whether it holds a drain."""
+    from changeover.light import ledger
+
+    rows = [{"tag": j.tag, "state": j.state, "member": j.member, "version": j.spark_version, "user": j.user_id,
+             "blocks_drain": j.block_shutdown, "started": j.started_at, "statement": j.statement or ""}
+            for j in ledger.recent(_settings(), running_only=not show_all, limit=limit)]
+    if as_json or rows:
+        _emit(rows, as_json, [("TAG", "tag"), ("STATE", "state"), ("MEMBER", "member"), ("VERSION", "version"),
+                              ("USER", "user"), ("BLOCKS DRAIN", "blocks_drain"), ("STATEMENT", "statement")])
+    if not as_json:
+        out.print(f"{len(rows)} light jobs{'' if show_all else ' running'}")
+
+
+@light_app.command("interrupt")
+def light_interrupt(tag: str, reason: Annotated[str, typer.Option(help="Recorded with the job.")] = "asked from the CLI"
+                    ) -> None:
+    """Interrupt a running light job's operations on its server, by its tag."""
+    from changeover import light
+    from changeover.light import ledger
+
+    settings = _settings()
+    job = ledger.get(settings, tag)
+    if job.state != "RUNNING":
+        raise ChangeoverError(f"light job {tag}", f"it is {job.state}, not running", "list running ones with "
+                              "`changeover light list`")
+    done = light.interrupt(settings, tag, reason)
+    out.print(f"light job {tag} interrupted ({len(done)} operations) on member {job.member}")
 
 
 @app.command("leaks")

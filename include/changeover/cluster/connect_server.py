@@ -21,6 +21,9 @@ CONNECT_CONFS = {
     # light jobs are small by definition: Spark's 200 shuffle partitions are 200 tasks on one core per aggregation
     # (a session may set more for itself)
     "spark.sql.shuffle.partitions": "2",
+    # Adaptive execution re-plans each query stage by stage after its shuffles, which costs a light job more than it
+    # saves on data this small (a session may turn it back on for a large query)
+    "spark.sql.adaptive.enabled": "false",
 }
 
 

@@ -262,27 +262,16 @@ def _unaccounted(settings: Settings, membership: Membership, workloads: dict[str
 def _light_jobs(settings: Settings, membership: Membership) -> list[Leak]:
     with session_scope(settings.database_url) as s:
         running = list(s.scalars(select(LightJob).where(LightJob.state == LightState.RUNNING).order_by(LightJob.id)))
-    members = _member_versions(settings)
     return [Leak("light_job", job.tag, why, {"tag": job.tag, "member": job.member, "version": job.spark_version,
                                              "server": job.server})
-            for job in running if (why := _server_gone(membership, job, members))]
+            for job in running if (why := _why_light_job_gone(settings, membership, job))]
 
 
-def _member_versions(settings: Settings) -> dict[str, str]:
+def _why_light_job_gone(settings: Settings, membership: Membership, job: LightJob) -> str | None:
     with session_scope(settings.database_url) as s:
-        return {m.name: m.version for m in s.scalars(select(Member))}
-
-
-def _server_gone(membership: Membership, job: LightJob, members: dict[str, str]) -> str | None:
-    """Why the light job's Connect server, and its session with it, is gone; None while it may still run."""
-    if job.member not in members:
-        return f"light job {job.tag}'s member {job.member} is no longer in the registry"
-    if members[job.member] != job.spark_version:  # a member runs one server, at its version: the job's went
-        return (f"light job {job.tag} ran on member {job.member}'s Connect server at Spark {job.spark_version}, and "
-                f"the member is now at {members[job.member]}")
-    if not membership.connect_running(job.member):
-        return f"light job {job.tag} is RUNNING, and member {job.member}'s Connect server is not"
-    return None
+        member = s.get(Member, job.member)
+    running = member is not None and membership.connect_running(job.member)
+    return ledger.why_gone(job, member, running, utcnow())
 
 
 def _pid_dir(settings: Settings) -> Path:
@@ -469,11 +458,11 @@ def _stop_connect_server(settings: Settings, membership: Membership, leak: Leak,
 
 
 def _end_light_job(settings: Settings, membership: Membership, leak: Leak, now: datetime) -> bool:
-    """End the row of a light job whose server is gone: there is nothing left to interrupt."""
+    """End the row of a light job whose server or client is gone: there is nothing left to interrupt."""
     job = ledger.get(settings, str(leak.details["tag"]))
     if job.state != LightState.RUNNING:
         return False
-    why = _server_gone(membership, job, _member_versions(settings))
+    why = _why_light_job_gone(settings, membership, job)
     return why is not None and ledger.finish(settings, job.tag, LightState.INTERRUPTED, f"the leak checker: {why}")
 
 

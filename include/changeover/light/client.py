@@ -8,6 +8,7 @@ import getpass
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,9 @@ log = logging.getLogger("changeover.light")
 ROUTE_TRIES = 3
 DEFAULT_SHUTDOWN_TIMEOUT = 30
 CONNECT_SECONDS = 2.0  # for the server's port: a server gone since routing is refused at once, not after retries
+# An interrupt that finds no operation running tries again this long: a job whose session just opened may be about
+# to submit its first operation, which an interrupt sent before it reaches the server would miss.
+INTERRUPT_SETTLE_SECONDS = 5.0
 
 
 class VersionChanged(ChangeoverError):
@@ -134,7 +138,8 @@ def session(settings: Settings | None = None, *, statement: str | None = None, b
     spark.addTag(registered.tag)
     outcome, error = LightState.SUCCEEDED, None
     try:
-        yield LightSession(spark, target, registered.tag, refusals)
+        with ledger.kept_alive(settings, registered.tag):
+            yield LightSession(spark, target, registered.tag, refusals)
     except BaseException as exc:
         outcome = LightState.INTERRUPTED if "OPERATION_CANCELED" in str(exc) else LightState.FAILED
         error = f"{type(exc).__name__}: {exc}"
@@ -189,9 +194,10 @@ def run_sql(settings: Settings | None, statement: str, **options: Any) -> tuple[
         return rows, light.route
 
 
-def interrupt(settings: Settings, tag: str, reason: str) -> list[str]:
-    """Interrupt a running light job's operations by its tag, from another client attached to its session.
-    Returns the interrupted operation ids; the job's row ends INTERRUPTED either way."""
+def interrupt(settings: Settings, tag: str, reason: str, settle: float = INTERRUPT_SETTLE_SECONDS) -> list[str]:
+    """Interrupt a running light job's operations by its tag, from another client attached to its session, trying
+    again for `settle` seconds while none is running yet. Returns the interrupted operation ids; the job's row ends
+    INTERRUPTED either way."""
     from pyspark.sql.connect.session import SparkSession
 
     job = ledger.get(settings, tag)
@@ -203,7 +209,11 @@ def interrupt(settings: Settings, tag: str, reason: str) -> list[str]:
         attached = SparkSession.builder.remote(
             f"{job.server}/;user_id={job.user_id};session_id={job.session_id}").create()
         try:
+            deadline = time.monotonic() + settle
             interrupted = list(attached.client.interrupt_tag(tag) or [])
+            while not interrupted and time.monotonic() < deadline:
+                time.sleep(0.25)
+                interrupted = list(attached.client.interrupt_tag(tag) or [])
         except Exception as exc:  # noqa: BLE001 - a session already gone has nothing left to interrupt
             log.info("light job %s: nothing to interrupt (%s)", tag, type(exc).__name__)
         finally:

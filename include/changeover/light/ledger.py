@@ -3,10 +3,15 @@ moment either sees the job (and waits for it or interrupts it) or is seen by it 
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from changeover import audit
@@ -17,7 +22,12 @@ from changeover.registry.states import LightState, MemberStatus
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 
+log = logging.getLogger("changeover.light")
+
 STATEMENT_CHARS = 500
+HEARTBEAT_SECONDS = 5.0  # how often a running light job's client says it is still there
+# Six missed heartbeats: the client is gone (killed, or its host lost), and its job with it as far as a drain goes.
+SILENCE_SECONDS = 30.0
 
 
 class MemberLeft(ChangeoverError):
@@ -49,7 +59,8 @@ def register(settings: Settings, member: str, version: str, server: str, session
         job = LightJob(tag=tag or new_tag(), member=member, spark_version=version, server=server,
                        session_id=session_id, user_id=user_id, statement=(statement or "")[:STATEMENT_CHARS] or None,
                        block_shutdown=block_shutdown, shutdown_timeout=shutdown_timeout, state=LightState.RUNNING,
-                       actor=audit.current_actor(), started_at=utcnow())
+                       actor=audit.current_actor(), started_at=utcnow(), heartbeat_at=utcnow(),
+                       server_pid=row.connect_pid, server_pid_started=row.connect_pid_started)
         s.add(job)
         s.flush()
         audit.record(s, "light.start", "light_job", job.tag, member=member, version=version, server=server,
@@ -71,10 +82,71 @@ def finish(settings: Settings, tag: str, state: LightState, error: str | None = 
         return True
 
 
+def heartbeat(settings: Settings, tag: str) -> bool:
+    """The client is still there: False once the row has ended (a drain or the leak checker ended it)."""
+    with session_scope(settings.database_url) as s:
+        done = s.execute(update(LightJob).where(LightJob.tag == tag, LightJob.state == LightState.RUNNING)
+                         .values(heartbeat_at=utcnow()))
+        return bool(done.rowcount)
+
+
+@contextlib.contextmanager
+def kept_alive(settings: Settings, tag: str, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+    """Heartbeat the job's row from a background thread while the block runs."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every):
+            try:
+                if not heartbeat(settings, tag):
+                    return  # ended by someone else: nothing left to keep alive
+            except Exception as exc:  # noqa: BLE001 - a registry away for a moment: the next beat tries again
+                log.warning("light job %s: heartbeat not written (%s)", tag, type(exc).__name__)
+
+    beating = threading.Thread(target=beat, name=f"heartbeat-{tag}", daemon=True)
+    beating.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beating.join(timeout=every)
+
+
+def why_gone(job: LightJob, member: Member | None, server_running: bool, now: datetime) -> str | None:
+    """Why a RUNNING light job runs no longer, as far as its row can tell; None while it may still run. Its session
+    lives in its member's Connect server, and the job in its client."""
+    if member is None:
+        return f"light job {job.tag}'s member {job.member} is no longer in the registry"
+    if member.version != job.spark_version:  # a member runs one server, at its version: the job's went
+        return (f"light job {job.tag} ran on member {job.member}'s Connect server at Spark {job.spark_version}, and "
+                f"the member is now at {member.version}")
+    if not server_running:
+        return f"light job {job.tag} is RUNNING, and member {job.member}'s Connect server is not"
+    if job.server_pid is not None and (job.server_pid, job.server_pid_started) != (member.connect_pid,
+                                                                                  member.connect_pid_started):
+        return (f"light job {job.tag} ran on member {job.member}'s Connect server process {job.server_pid}, which was "
+                f"restarted since (now process {member.connect_pid}): the job's session went with it")
+    if job.heartbeat_at is not None:  # rows from before heartbeats have none: their servers' checks decide
+        silent = (now - as_utc(job.heartbeat_at)).total_seconds()
+        if silent > SILENCE_SECONDS:
+            return (f"light job {job.tag}'s client has not been heard from for {silent:.0f} s (it heartbeats every "
+                    f"{HEARTBEAT_SECONDS:.0f} s): the client is gone")
+    return None
+
+
 def running_on(settings: Settings, member: str) -> list[LightJob]:
     with session_scope(settings.database_url) as s:
         return list(s.scalars(select(LightJob).where(LightJob.member == member,
                                                      LightJob.state == LightState.RUNNING).order_by(LightJob.id)))
+
+
+def recent(settings: Settings, running_only: bool = True, limit: int = 50) -> list[LightJob]:
+    """Light jobs, newest first: the running ones, or the last `limit` of any state."""
+    query = select(LightJob).order_by(LightJob.id.desc()).limit(limit)
+    if running_only:
+        query = query.where(LightJob.state == LightState.RUNNING)
+    with session_scope(settings.database_url) as s:
+        return list(s.scalars(query))
 
 
 def get(settings: Settings, tag: str) -> LightJob:

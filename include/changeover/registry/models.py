@@ -211,3 +211,7 @@ class LightJob(Base):
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     ended_at: Mapped[datetime | None]
+    # the Connect server process it ran on: a server restarted since (another process) took the job's session
+    server_pid: Mapped[int | None]
+    server_pid_started: Mapped[str | None] = mapped_column(String(32))
+    heartbeat_at: Mapped[datetime | None]  # its client's, every few seconds while the job runs

@@ -285,14 +285,22 @@ def step(
 
 
 def light_jobs_on(settings: Settings, membership: Membership, member: str) -> list[LightJob]:
-    """Light jobs running on the member's Connect server. Rows of a server that is gone end FAILED: nothing runs
-    them any more, and a drain must not wait for them."""
+    """Light jobs running on the member's Connect server. Rows whose server or client is gone end FAILED: nothing
+    runs them any more, and a drain must not wait for them."""
     running = ledger.running_on(settings, member)
-    if running and not membership.connect_running(member):
-        for job in running:
-            ledger.finish(settings, job.tag, LightState.FAILED, f"the Connect server of member {member} is gone")
+    if not running:
         return []
-    return running
+    with session_scope(settings.database_url) as s:
+        row = s.get(Member, member)
+    server_running = row is not None and membership.connect_running(member)
+    alive = []
+    for job in running:
+        why = ledger.why_gone(job, row, server_running, utcnow())
+        if why is None:
+            alive.append(job)
+        else:
+            ledger.finish(settings, job.tag, LightState.FAILED, why)
+    return alive
 
 
 def _warming(settings: Settings, membership: Membership, run: JobRun) -> bool:
