@@ -215,7 +215,7 @@ def test_light_jobs_of_a_connect_server_that_died_do_not_hold_a_drain(settings: 
     orphan = _light_job(fleet, "m1", block_shutdown=True)
     fleet.connect_servers.pop("m1")  # the server's process is gone; its row still says RUNNING
     assert drain.step(settings, fleet, "m1").status == "DRAINED"
-    assert ledger.get(settings, orphan).state == "FAILED"
+    assert ledger.get(settings, orphan).state == "INTERRUPTED"
 
 
 def _light_row(settings: Settings, tag: str, **values: Any) -> None:
@@ -238,7 +238,7 @@ def test_light_jobs_whose_client_went_silent_or_whose_server_was_restarted_do_no
     assert plan.wait == [alive] and plan.light == [alive]
     assert "the client is gone" in ledger.get(settings, silent).error
     assert "was restarted since" in ledger.get(settings, restarted).error
-    assert {ledger.get(settings, tag).state for tag in (silent, restarted)} == {"FAILED"}
+    assert {ledger.get(settings, tag).state for tag in (silent, restarted)} == {"INTERRUPTED"}
     assert ledger.heartbeat(settings, alive) and not ledger.heartbeat(settings, silent)  # an ended row stays ended
 
 
@@ -249,4 +249,5 @@ def test_a_running_light_jobs_client_heartbeats_until_its_block_ends(settings: S
     first = ledger.get(settings, tag).heartbeat_at
     with ledger.kept_alive(settings, tag, every=0.05):
         wait_for(lambda: ledger.get(settings, tag).heartbeat_at > first, 10, "a heartbeat")
-    assert not [t for t in threading.enumerate() if t.name == f"heartbeat-{tag}"]
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name == f"heartbeat-{tag}"], 10,
+             "the heartbeat thread ending with its block")

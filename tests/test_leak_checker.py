@@ -233,7 +233,6 @@ def test_a_running_light_job_whose_client_went_silent_is_ended(settings: Setting
             utcnow() - timedelta(seconds=ledger.SILENCE_SECONDS + 1))
     t0 = utcnow()
     assert _states(leaks.check(settings, fleet, GRACE, now=t0)) == {("light_job", silent.tag): "waiting"}
-    ledger.heartbeat(settings, talking.tag)
     report = leaks.check(settings, fleet, GRACE, now=t0 + timedelta(seconds=GRACE))
     assert [(c["kind"], c["subject"]) for c in report.cleaned] == [("light_job", silent.tag)]
     assert "the client is gone" in ledger.get(settings, silent.tag).error

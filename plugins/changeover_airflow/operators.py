@@ -344,7 +344,9 @@ class LightJobOperator(ChangeoverOperator):
             from changeover import light
 
             settings, tag = self._running
-            light.interrupt(settings, tag, f"its Airflow task {self.task_id} was killed")
+            # Airflow runs on_kill on the task's own thread, whose next operation waits meanwhile: a short settle, as
+            # the supervisor's SIGKILL follows its SIGTERM within seconds
+            light.interrupt(settings, tag, f"its Airflow task {self.task_id} was killed", settle=1.0)
 
 
 def _connect_identity(conn_id: str | None) -> tuple[str | None, str]:

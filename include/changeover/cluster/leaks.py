@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from changeover import audit, jobs, savepoints
+from changeover import audit, jobs, light, savepoints
 from changeover.cluster import processes
 from changeover.cluster.membership import Membership, NoMaster
 from changeover.cluster.spark_master import MasterUnreachable, Workload
@@ -271,7 +271,7 @@ def _why_light_job_gone(settings: Settings, membership: Membership, job: LightJo
     with session_scope(settings.database_url) as s:
         member = s.get(Member, job.member)
     running = member is not None and membership.connect_running(job.member)
-    return ledger.why_gone(job, member, running, utcnow())
+    return ledger.why_gone(job, member, running, ledger.registry_now(settings))
 
 
 def _pid_dir(settings: Settings) -> Path:
@@ -463,7 +463,10 @@ def _end_light_job(settings: Settings, membership: Membership, leak: Leak, now: 
     if job.state != LightState.RUNNING:
         return False
     why = _why_light_job_gone(settings, membership, job)
-    return why is not None and ledger.finish(settings, job.tag, LightState.INTERRUPTED, f"the leak checker: {why}")
+    if why is None:
+        return False
+    light.interrupt(settings, job.tag, f"the leak checker: {why}", settle=0)  # a silent client's query may run on
+    return ledger.get(settings, job.tag).state == LightState.INTERRUPTED
 
 
 def _remove_pidfile(settings: Settings, membership: Membership, leak: Leak, now: datetime) -> bool:

@@ -10,8 +10,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from changeover import audit
@@ -26,8 +27,9 @@ log = logging.getLogger("changeover.light")
 
 STATEMENT_CHARS = 500
 HEARTBEAT_SECONDS = 5.0  # how often a running light job's client says it is still there
-# Six missed heartbeats: the client is gone (killed, or its host lost), and its job with it as far as a drain goes.
-SILENCE_SECONDS = 30.0
+# Eighteen missed heartbeats: the client is gone (killed, or its host lost), and its job with it as far as a drain
+# goes. Longer than SQLite's busy timeout (60 s), which a heartbeat may wait out beside a long write.
+SILENCE_SECONDS = 90.0
 
 
 class MemberLeft(ChangeoverError):
@@ -59,7 +61,7 @@ def register(settings: Settings, member: str, version: str, server: str, session
         job = LightJob(tag=tag or new_tag(), member=member, spark_version=version, server=server,
                        session_id=session_id, user_id=user_id, statement=(statement or "")[:STATEMENT_CHARS] or None,
                        block_shutdown=block_shutdown, shutdown_timeout=shutdown_timeout, state=LightState.RUNNING,
-                       actor=audit.current_actor(), started_at=utcnow(), heartbeat_at=utcnow(),
+                       actor=audit.current_actor(), started_at=utcnow(), heartbeat_at=_clock(s),
                        server_pid=row.connect_pid, server_pid_started=row.connect_pid_started)
         s.add(job)
         s.flush()
@@ -82,11 +84,24 @@ def finish(settings: Settings, tag: str, state: LightState, error: str | None = 
         return True
 
 
+def _clock(s: Session) -> Any:
+    """Heartbeats are stamped and judged by the registry's clock where it has one (PostgreSQL), so clients and
+    drains on hosts whose clocks differ agree on a silence; SQLite's registry is one host's, and so is its clock."""
+    return func.now() if s.get_bind().dialect.name == "postgresql" else utcnow()
+
+
+def registry_now(settings: Settings) -> datetime:
+    """Now, by the clock heartbeats are stamped with."""
+    with session_scope(settings.database_url) as s:
+        clock = _clock(s)
+        return as_utc(s.scalar(select(clock))) if not isinstance(clock, datetime) else clock
+
+
 def heartbeat(settings: Settings, tag: str) -> bool:
     """The client is still there: False once the row has ended (a drain or the leak checker ended it)."""
     with session_scope(settings.database_url) as s:
         done = s.execute(update(LightJob).where(LightJob.tag == tag, LightJob.state == LightState.RUNNING)
-                         .values(heartbeat_at=utcnow()))
+                         .values(heartbeat_at=_clock(s)))
         return bool(done.rowcount)
 
 
@@ -109,12 +124,12 @@ def kept_alive(settings: Settings, tag: str, every: float = HEARTBEAT_SECONDS) -
         yield
     finally:
         done.set()
-        beating.join(timeout=every)
+        beating.join(timeout=max(every, HEARTBEAT_SECONDS))
 
 
 def why_gone(job: LightJob, member: Member | None, server_running: bool, now: datetime) -> str | None:
     """Why a RUNNING light job runs no longer, as far as its row can tell; None while it may still run. Its session
-    lives in its member's Connect server, and the job in its client."""
+    lives in its member's Connect server, and the job in its client. `now` is `registry_now()`'s."""
     if member is None:
         return f"light job {job.tag}'s member {job.member} is no longer in the registry"
     if member.version != job.spark_version:  # a member runs one server, at its version: the job's went

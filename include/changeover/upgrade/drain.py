@@ -22,7 +22,7 @@ from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.light import ledger
 from changeover.registry.db import lock_all, session_scope
 from changeover.registry.models import STOPPING, Event, Job, JobRun, LightJob, Member, utcnow
-from changeover.registry.states import Desired, LightState, MemberStatus, RunState
+from changeover.registry.states import Desired, MemberStatus, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import placement, relocate, warm
@@ -285,21 +285,22 @@ def step(
 
 
 def light_jobs_on(settings: Settings, membership: Membership, member: str) -> list[LightJob]:
-    """Light jobs running on the member's Connect server. Rows whose server or client is gone end FAILED: nothing
-    runs them any more, and a drain must not wait for them."""
+    """Light jobs running on the member's Connect server. Rows whose server or client is gone are ended (what may be
+    left of them on the server interrupted): nothing waits for their results, and a drain must not wait for them."""
     running = ledger.running_on(settings, member)
     if not running:
         return []
     with session_scope(settings.database_url) as s:
         row = s.get(Member, member)
     server_running = row is not None and membership.connect_running(member)
+    now = ledger.registry_now(settings)
     alive = []
     for job in running:
-        why = ledger.why_gone(job, row, server_running, utcnow())
+        why = ledger.why_gone(job, row, server_running, now)
         if why is None:
             alive.append(job)
         else:
-            ledger.finish(settings, job.tag, LightState.FAILED, why)
+            light.interrupt(settings, job.tag, why, settle=0)
     return alive
 
 
