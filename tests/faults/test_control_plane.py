@@ -350,7 +350,8 @@ def test_an_upgrade_that_succeeded_cannot_be_aborted_and_an_unknown_one_is_named
                                                                                  cluster: LocalCluster) -> None:
     with pytest.raises(ChangeoverError, match="nothing to undo"):
         recovery.abort(settings, cluster, "faults/2")
-    with pytest.raises(ChangeoverError, match=r"no such upgrade \(latest: faults/2, faults/1, faults/0\)"):
+    # faults/0 is the soak case's, when it ran before
+    with pytest.raises(ChangeoverError, match=r"no such upgrade \(latest: faults/2, faults/1(, faults/0)?\)"):
         recovery.status(settings, "faults/9")
 
 
