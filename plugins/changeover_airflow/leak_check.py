@@ -28,6 +28,7 @@ class LeakCheckOperator(ChangeoverOperator):
         for leak in report.found:
             self.log.info("leak %s %s: %s (%s, seen for %s s)", leak["kind"], leak["subject"], leak["state"],
                           leak["why"], leak["seen_for"])
+        self.log.info("leak check: %d found, %d cleaned", len(report.found), len(report.cleaned))
         if report.unanswered:
             self.log.warning("masters that did not answer, their drivers left for the next check: %s",
                              ", ".join(report.unanswered))

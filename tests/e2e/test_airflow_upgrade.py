@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,7 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
         generator.stop()
         probe.stop()
     _assert_sql_stayed_available(probe, warm, quiet_until, upgraded_at, artifacts)
+    _light_sql_and_the_leak_checker_run_through_the_scheduler(stack, since=upgraded_at)
     _assert_rolled(stack, "clicks")
     _assert_exact(stack, "clicks", generator)
     if guide is not None:  # windows open before the upgrade close after it: their state came across
@@ -193,6 +195,27 @@ def _assert_sql_stayed_available(probe: SqlProbe, warm: float, quiet_until: floa
     assert len(during) >= 30 and report["during_upgrade"]["success_rate"] >= 0.99, report
     assert all(a.answered == a.routed for a in during if a.ok), [a for a in during if a.answered != a.routed]
     assert {a.routed for a in during if a.ok} == {"4.2.0", "4.3.0"}, report  # routed to each group in turn
+
+
+def _light_sql_and_the_leak_checker_run_through_the_scheduler(stack: Stack, since: float) -> None:
+    """The light_sql DAG's LightJobOperator, routed to the group the upgrade left, and a leak_checker run, which
+    finds nothing to clean in the fleet just rolled (and would clean nothing within its grace)."""
+    airflow = stack.airflow
+    asked = airflow.trigger("light_sql", {"sql": "SELECT 6 * 7 AS answer"})
+    assert airflow.follow("light_sql", asked, timeout=300) == "success", _task_log_tail(stack, asked, "light_sql")
+    started = [e for e in audit.find(stack.settings.database_url, since=datetime.fromtimestamp(since, UTC), limit=500)
+               if e.action == "light.start" and e.actor.startswith(f"admin via airflow:light_sql/{asked}/sql#")]
+    assert [e.details["version"] for e in started] == ["4.3.0"], started
+    checked = airflow.trigger("leak_checker", {"grace_seconds": 600})
+    try:
+        assert airflow.follow("leak_checker", checked, timeout=300) == "success", \
+            _task_log_tail(stack, checked, "leak_checker")
+    finally:  # its 15-minute schedule is not the tests'
+        airflow.api("PATCH", "/dags/leak_checker", json={"is_paused": True}).raise_for_status()
+    said = "\n".join(_task_log_events(stack, checked, "leak_checker"))
+    assert re.search(r"leak check: \d+ found, 0 cleaned", said), said[-2000:]
+    assert not [e for e in audit.find(stack.settings.database_url, since=datetime.fromtimestamp(since, UTC), limit=500)
+                if e.action == "leak.cleaned"]
 
 
 def _a_cli_drain_racing_the_roll_is_refused(stack: Stack) -> None:

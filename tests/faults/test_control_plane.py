@@ -112,6 +112,7 @@ def _commits_after(settings: Settings, run_id: int, moment: object) -> bool:
         return run is not None and run.last_commit_at is not None and as_utc(run.last_commit_at) > moment
 
 
+@pytest.mark.soak  # 76 s; a master paused mid-submission (next) keeps a silent master in make test
 def test_a_paused_master_is_no_news_and_only_a_long_silence_ends_a_run(settings: Settings, cluster: LocalCluster,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     generator = _start(settings, cluster, "paused")
@@ -459,7 +460,9 @@ def _parquet_listed_once(output: Path) -> list[dict[str, object]]:
     return [row for path in listed for row in pq.read_table(unquote(urlparse(path).path)).to_pylist()]
 
 
-@pytest.mark.parametrize("mid_drain", [False, True], ids=["running", "mid-drain"])
+# mid-drain under `make soak`: the running case is the zombie driver writing beside its successor; the drain's
+# part of it, a stop asked as the worker stalls, is the killed driver's case above and the abort's
+@pytest.mark.parametrize("mid_drain", [False, pytest.param(True, marks=pytest.mark.soak)], ids=["running", "mid-drain"])
 def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: LocalCluster, tmp_path: Path,
                                                  mid_drain: bool) -> None:
     """The worker process of the job's member is SIGSTOPped until its master declares it lost (spark.worker.timeout,

