@@ -15,12 +15,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from changeover.cluster import leaks, processes
+from changeover import jobs
+from changeover.cli.generator import Generator
+from changeover.cluster import LocalCluster, leaks, processes, wait_for
 from changeover.light import ledger
 from changeover.registry.db import session_scope
 from changeover.registry.models import Event, Job, JobRun, LightJob, Savepoint, utcnow
 from changeover.runtime.sinks import files
 from changeover.settings import Settings
+from conftest import ONE_REGISTRY, drivers_of
 from fake_fleet import FakeFleet
 from sqlalchemy import select
 
@@ -366,3 +369,35 @@ def test_the_dag_runs_every_15_minutes_one_run_at_a_time_with_a_grace_param() ->
     assert dag.params.get_param("grace_seconds").value == 600
     task = dag.get_task("check")
     assert isinstance(task, LeakCheckOperator) and task.grace_seconds == "{{ params.grace_seconds }}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("database_url", ONE_REGISTRY, indirect=True)  # a check of Spark, not of the registry
+def test_a_real_driver_the_registry_lost_and_a_half_written_savepoint_are_cleaned_after_the_grace(
+        settings: Settings, cluster: LocalCluster, tmp_path: Path) -> None:
+    """On a real standalone cluster: a job's run ended in the registry (as a registry restored from an older backup
+    would have it) while its driver runs on, and a savepoint whose builder died mid-copy. Within the grace both are
+    only reported; after it, the driver is killed through its master and the staging removed."""
+    cluster.up([("m1", VERSION)])
+    generator = Generator(tmp_path / "landing")
+    generator.write_file()
+    try:
+        jobs.submit(settings, cluster, "jobs.clicks", "forgotten", options={"landing": str(generator.landing)})
+        run = jobs.wait_until_committed(settings, cluster, "forgotten")
+        assert run.submission_id and drivers_of("forgotten", run.id)
+        with session_scope(settings.database_url) as s:
+            row = s.get(JobRun, run.id)
+            row.state, row.ended_at = "KILLED", utcnow()
+        staging = _half_written_savepoint(settings)
+        driver = ("driver", f"{VERSION}/{run.submission_id}")
+        t0 = utcnow()
+        report = leaks.check(settings, cluster, GRACE, now=t0)
+        assert _states(report)[driver] == "waiting" and report.cleaned == []
+        assert drivers_of("forgotten", run.id) and staging.is_dir()
+        report = leaks.check(settings, cluster, GRACE, now=t0 + timedelta(seconds=GRACE))
+        assert {driver, ("savepoint_folder", "clicks/.staging-sp1")} <= {(c["kind"], c["subject"])
+                                                                         for c in report.cleaned}
+        assert not staging.exists()
+        wait_for(lambda: not drivers_of("forgotten", run.id), 60, "the lost driver's process ending")
+    finally:
+        generator.stop()

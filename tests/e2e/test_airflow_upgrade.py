@@ -206,16 +206,18 @@ def _light_sql_and_the_leak_checker_run_through_the_scheduler(stack: Stack, sinc
     started = [e for e in audit.find(stack.settings.database_url, since=datetime.fromtimestamp(since, UTC), limit=500)
                if e.action == "light.start" and e.actor.startswith(f"admin via airflow:light_sql/{asked}/sql#")]
     assert [e.details["version"] for e in started] == ["4.3.0"], started
-    checked = airflow.trigger("leak_checker", {"grace_seconds": 600})
     try:
+        checked = airflow.trigger("leak_checker", {"grace_seconds": 600})
         assert airflow.follow("leak_checker", checked, timeout=300) == "success", \
             _task_log_tail(stack, checked, "leak_checker")
     finally:  # its 15-minute schedule is not the tests'
         airflow.api("PATCH", "/dags/leak_checker", json={"is_paused": True}).raise_for_status()
     said = "\n".join(_task_log_events(stack, checked, "leak_checker"))
-    assert re.search(r"leak check: \d+ found, 0 cleaned", said), said[-2000:]
-    assert not [e for e in audit.find(stack.settings.database_url, since=datetime.fromtimestamp(since, UTC), limit=500)
-                if e.action == "leak.cleaned"]
+    # The roll left no run, driver, application or light job unaccounted for; a killed try's savepoint leftovers
+    # may be reported (cleaned after the grace, which this first look starts).
+    kinds = re.findall(r"leak (\w+) ", said)
+    assert re.search(r"leak check: \d+ found, 0 cleaned", said) and set(kinds) <= {
+        "savepoint", "savepoint_folder", "pidfile", "sink_staging"}, said[-2000:]
 
 
 def _a_cli_drain_racing_the_roll_is_refused(stack: Stack) -> None:

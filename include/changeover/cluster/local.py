@@ -349,15 +349,14 @@ class LocalCluster:
                if not k.startswith(("SPARK_", "PYSPARK_")) and k != "CHANGEOVER_DATABASE_URL"}
         env.update(
             SPARK_HOME=str(runtime.spark_home),
-            JAVA_HOME=str(java_home()),
             SPARK_LOG_DIR=str(self.settings.cluster_dir / "logs"),
             SPARK_NO_DAEMONIZE="1",
             SPARK_DAEMON_JAVA_OPTS=DAEMON_JAVA_OPTS,
             SPARK_LAUNCHER_OPTS=DAEMON_JAVA_OPTS,
-            # drivers and executors inherit it from their worker, which runs the same runtime
-            JAVA_TOOL_OPTIONS=runtime.java_options(os.environ.get("JAVA_TOOL_OPTIONS")),
             **extra,
         )
+        env.pop("JAVA_TOOL_OPTIONS", None)
+        env.update(runtime.java_env(java_home()))  # drivers and executors inherit it from their worker's runtime
         return env
 
     def _write_pid(self, name: str, started: processes.Started) -> None:

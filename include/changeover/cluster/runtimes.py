@@ -58,14 +58,38 @@ class Runtime:
         """The JDK's class data sharing archive of this runtime's Spark classes (made by `install_runtime`)."""
         return self.root / "spark-classes.jsa"
 
-    def java_options(self, inherited: str | None) -> str:
-        """JAVA_TOOL_OPTIONS for a JVM of this runtime: the inherited ones, then its class archive where it has one.
-        Mapped instead of parsed and verified, Spark's classes cost a JVM's start about half its CPU time
-        (a local SQL job: 4.1 s of CPU instead of 7.8 s on this project's 2-core machine)."""
+    @property
+    def _archive_java(self) -> Path:
+        """The Java the archive was made with: written last, so an archive without it is not used."""
+        return self.root / "spark-classes.java"
+
+    def java_options(self, inherited: str | None, java: Path) -> str:
+        """JAVA_TOOL_OPTIONS for a JVM of this runtime run by `java` (a JAVA_HOME): the inherited ones, then its class
+        archive where it has one made with that Java. Mapped instead of parsed and verified, Spark's classes cost a
+        JVM's start about half its CPU time (a local SQL job: 4.1 s of CPU instead of 7.8 s on 2 cores)."""
         parts = [inherited] if inherited else []
-        if self.class_archive.exists():
+        if self.archive_made_with(java):
             parts += [f"-XX:SharedArchiveFile={self.class_archive}", QUIET_CDS]
         return " ".join(parts)
+
+    def java_env(self, java: Path) -> dict[str, str]:
+        """JAVA_HOME and JAVA_TOOL_OPTIONS for a JVM of this runtime (the latter left out when empty: set, even
+        empty, it makes every JVM say so on stderr)."""
+        options = self.java_options(os.environ.get("JAVA_TOOL_OPTIONS"), java)
+        return {"JAVA_HOME": str(java), **({"JAVA_TOOL_OPTIONS": options} if options else {})}
+
+    def archive_made_with(self, java: Path) -> bool:
+        # JAVA_TOOL_OPTIONS splits on spaces: a path holding one would be an unknown option to every JVM
+        return (" " not in str(self.class_archive) and self.class_archive.exists() and self._archive_java.exists()
+                and self._archive_java.read_text() == java_identity(java))
+
+
+def java_identity(java: Path) -> str:
+    """Which Java a JAVA_HOME is: its path and the version its release file names."""
+    release = java / "release"
+    version = next((line for line in release.read_text(errors="replace").splitlines()
+                    if line.startswith("JAVA_VERSION=")), "") if release.exists() else ""
+    return f"{java} {version}".strip()
 
 
 def check_version(version: str) -> str:
@@ -104,21 +128,38 @@ def install_runtime(runtimes_dir: Path, version: str) -> Runtime:
     return runtime
 
 
-def build_class_archive(runtime: Runtime) -> None:
+def build_class_archive(runtime: Runtime) -> bool:
     """Record the classes a small Spark job loads in the runtime's archive (the JDK's dynamic class data sharing),
-    for every JVM of that runtime to map at its start. Without one (a failed dump), JVMs start as they would."""
-    if runtime.class_archive.exists():
-        return
-    partial = runtime.class_archive.with_name(runtime.class_archive.name + ".partial")
-    inherited = os.environ.get("JAVA_TOOL_OPTIONS")
-    env = {**os.environ, "JAVA_HOME": str(java_home()), "SPARK_HOME": str(runtime.spark_home),
+    for every JVM of that runtime to map at its start. Made again when the Java changed; a dump that failed with
+    this Java is not tried again (remove spark-classes.failed to retry). Without an archive, JVMs start as they
+    would. True if the runtime has one for the current Java."""
+    java = java_home()
+    if runtime.archive_made_with(java):
+        return True
+    failed = runtime.root / "spark-classes.failed"
+    if " " in str(runtime.class_archive) or (failed.exists() and failed.read_text() == java_identity(java)):
+        return False
+    partial = runtime.root / f"spark-classes.{os.getpid()}.partial"  # two installs at once dump apart
+    env = {**os.environ, "JAVA_HOME": str(java), "SPARK_HOME": str(runtime.spark_home),
            "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(runtime.python),
-           "JAVA_TOOL_OPTIONS": " ".join(filter(None, [inherited, f"-XX:ArchiveClassesAtExit={partial}", QUIET_CDS]))}
+           # the driver's JVM alone dumps: spark-class's launcher JVM, on a shorter classpath, must not
+           "PYSPARK_SUBMIT_ARGS": f"--driver-java-options -XX:ArchiveClassesAtExit={partial} pyspark-shell"}
     env.pop("PYTHONPATH", None)
-    subprocess.run([str(runtime.python), "-c", ARCHIVE_WORK], env=env, capture_output=True, timeout=900,
-                   stdin=subprocess.DEVNULL)
-    if partial.exists():
-        partial.replace(runtime.class_archive)
+    try:
+        done = subprocess.run([str(runtime.python), "-c", ARCHIVE_WORK], env=env, capture_output=True, timeout=900,
+                              stdin=subprocess.DEVNULL)
+        ok = done.returncode == 0 and partial.exists()
+    except subprocess.TimeoutExpired:
+        ok = False
+    if not ok:
+        partial.unlink(missing_ok=True)
+        failed.write_text(java_identity(java))
+        return False
+    runtime._archive_java.unlink(missing_ok=True)
+    partial.replace(runtime.class_archive)
+    runtime._archive_java.write_text(java_identity(java))
+    failed.unlink(missing_ok=True)
+    return True
 
 
 def _install_pyspark(runtime: Runtime) -> None:

@@ -56,8 +56,7 @@ def in_runtime(settings: Settings, version: str, shipped: JobCode, entry: str, a
             if Path(f).suffix == ".py":
                 shutil.copy2(f, loose)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package), str(code_path), loose, *extra]),
-               "JAVA_HOME": str(java_home()), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(runtime.python),
-               "JAVA_TOOL_OPTIONS": runtime.java_options(os.environ.get("JAVA_TOOL_OPTIONS"))}
+               **runtime.java_env(java_home()), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(runtime.python)}
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=Path.cwd(),
                                 stdin=subprocess.DEVNULL)
     found = [line for line in result.stdout.splitlines() if line.startswith(marker)]

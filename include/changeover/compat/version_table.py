@@ -30,9 +30,8 @@ PROBE = Path(version_probe.__file__)
 def _probe(settings: Settings, version: str, action: str, folder: Path, checkpoint: Path
            ) -> subprocess.CompletedProcess[str]:
     runtime = find_runtime(settings.runtimes_dir, version)
-    env = {**os.environ, "JAVA_HOME": str(java_home()), "SPARK_LOCAL_IP": "127.0.0.1",
-           "PYSPARK_PYTHON": str(runtime.python),
-           "JAVA_TOOL_OPTIONS": runtime.java_options(os.environ.get("JAVA_TOOL_OPTIONS"))}
+    env = {**os.environ, **runtime.java_env(java_home()), "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYSPARK_PYTHON": str(runtime.python)}
     env.pop("PYTHONPATH", None)
     return subprocess.run([str(runtime.python), str(PROBE), action, str(folder), str(checkpoint)], env=env,
                           capture_output=True, text=True, timeout=600)
