@@ -264,14 +264,7 @@ def _light_jobs(settings: Settings, membership: Membership) -> list[Leak]:
         running = list(s.scalars(select(LightJob).where(LightJob.state == LightState.RUNNING).order_by(LightJob.id)))
     return [Leak("light_job", job.tag, why, {"tag": job.tag, "member": job.member, "version": job.spark_version,
                                              "server": job.server})
-            for job in running if (why := _why_light_job_gone(settings, membership, job))]
-
-
-def _why_light_job_gone(settings: Settings, membership: Membership, job: LightJob) -> str | None:
-    with session_scope(settings.database_url) as s:
-        member = s.get(Member, job.member)
-    running = member is not None and membership.connect_running(job.member)
-    return ledger.why_gone(job, member, running, ledger.registry_now(settings))
+            for job, why in ledger.gone(settings, running, membership.connect_running) if why]
 
 
 def _pid_dir(settings: Settings) -> Path:
@@ -462,7 +455,7 @@ def _end_light_job(settings: Settings, membership: Membership, leak: Leak, now: 
     job = ledger.get(settings, str(leak.details["tag"]))
     if job.state != LightState.RUNNING:
         return False
-    why = _why_light_job_gone(settings, membership, job)
+    [(_, why)] = ledger.gone(settings, [job], membership.connect_running)
     if why is None:
         return False
     light.interrupt(settings, job.tag, f"the leak checker: {why}", settle=0)  # a silent client's query may run on

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -147,6 +147,20 @@ def why_gone(job: LightJob, member: Member | None, server_running: bool, now: da
             return (f"light job {job.tag}'s client has not been heard from for {silent:.0f} s (it heartbeats every "
                     f"{HEARTBEAT_SECONDS:.0f} s): the client is gone")
     return None
+
+
+def gone(settings: Settings, jobs: list[LightJob], server_running: Callable[[str], bool]
+         ) -> list[tuple[LightJob, str | None]]:
+    """Each RUNNING job with why it runs no longer (None while it may still run): its members read once, each
+    member's server asked once, and one reading of the registry's clock for all."""
+    if not jobs:
+        return []
+    names = {job.member for job in jobs}
+    with session_scope(settings.database_url) as s:
+        members = {m.name: m for m in s.scalars(select(Member).where(Member.name.in_(names)))}
+    running = {name: name in members and server_running(name) for name in names}
+    now = registry_now(settings)
+    return [(job, why_gone(job, members.get(job.member), running[job.member], now)) for job in jobs]
 
 
 def running_on(settings: Settings, member: str) -> list[LightJob]:

@@ -287,16 +287,8 @@ def step(
 def light_jobs_on(settings: Settings, membership: Membership, member: str) -> list[LightJob]:
     """Light jobs running on the member's Connect server. Rows whose server or client is gone are ended (what may be
     left of them on the server interrupted): nothing waits for their results, and a drain must not wait for them."""
-    running = ledger.running_on(settings, member)
-    if not running:
-        return []
-    with session_scope(settings.database_url) as s:
-        row = s.get(Member, member)
-    server_running = row is not None and membership.connect_running(member)
-    now = ledger.registry_now(settings)
     alive = []
-    for job in running:
-        why = ledger.why_gone(job, row, server_running, now)
+    for job, why in ledger.gone(settings, ledger.running_on(settings, member), membership.connect_running):
         if why is None:
             alive.append(job)
         else:
