@@ -46,7 +46,7 @@ class AliveWorkers:
     until stopped. A sample in which a running master does not answer is left out rather than counted low."""
 
     def __init__(self, cluster: LocalCluster) -> None:
-        self.cluster, self.samples = cluster, []
+        self.cluster, self.samples, self.errors = cluster, [], []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -73,7 +73,11 @@ class AliveWorkers:
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
-            seen = self.count()
+            try:
+                seen = self.count()
+            except Exception as exc:  # noqa: BLE001 (the test fails on it, instead of the thread ending quietly)
+                self.errors.append(repr(exc))
+                continue
             if seen is not None:
                 self.samples.append(seen)
 
@@ -92,15 +96,20 @@ def test_with_surge_the_masters_never_count_fewer_alive_workers_than_at_the_star
     lock.release(settings, KEY, "SUCCEEDED", "test")
 
     samples = watched.samples
-    assert len(samples) >= 20, samples
-    assert max(samples) == starting + 1, samples  # the surge worker joined, at the target's master
-    assert min(samples) >= starting, samples  # and no drain or restart took capacity below the start
+    assert not watched.errors and len(samples) >= 20, (watched.errors, samples)
+    # A drain decommissions its worker through the master first, which stops counting it ALIVE at once, so each
+    # member's time out of service shows here however late its process ends.
+    assert min(samples) >= starting, samples
     assert {(m["name"], m["version"], m["status"]) for m in cluster.status()["members"]} == {
         ("m1", "4.3.0", "ACTIVE"), ("m2", "4.3.0", "ACTIVE")}  # the surge member is gone from the fleet
     assert len(cluster.master("4.3.0").alive_workers()) == starting
     with session_scope(settings.database_url) as s:
         assert s.get(Member, "surge-1") is None
-        order = [(e.action, e.subject) for e in s.scalars(select(Event).where(
-            Event.action.in_(("upgrade.surge.add", "member.upgrade", "upgrade.surge.remove"))).order_by(Event.id))]
-    assert order == [("upgrade.surge.add", KEY), ("member.upgrade", "m1"), ("member.upgrade", "m2"),
-                     ("upgrade.surge.remove", "surge-1")]
+        order = [(e.action, e.subject, e.details.get("version")) for e in s.scalars(select(Event).where(
+            Event.action.in_(("member.start", "member.decommission", "upgrade.surge.remove"))).order_by(Event.id))]
+    # the surge worker in service at the target before the first drain, and out of it only after the last upgrade
+    assert order == [("member.start", "m1", "4.2.0"), ("member.start", "m2", "4.2.0"),  # the fleet's start
+                     ("member.start", "surge-1", "4.3.0"),
+                     ("member.decommission", "m1", "4.2.0"), ("member.start", "m1", "4.3.0"),
+                     ("member.decommission", "m2", "4.2.0"), ("member.start", "m2", "4.3.0"),
+                     ("member.decommission", "surge-1", "4.3.0"), ("upgrade.surge.remove", "surge-1", None)], order
