@@ -12,12 +12,12 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
 SOAK_RUNS ?= 3
 
-.PHONY: demo test test-fast soak lint java chromium runtimes airflow-db clean
+.PHONY: demo test test-fast soak lint java chromium sshd runtimes airflow-db clean
 
 demo: java $(VENV)/.installed runtimes airflow-db
 	$(BIN)/changeover demo
 
-test: java chromium $(VENV)/.installed runtimes airflow-db
+test: java chromium sshd $(VENV)/.installed runtimes airflow-db
 	$(BIN)/ruff check dags plugins include tests bench
 	$(BIN)/pytest -v -rs --durations=15 -m "not soak"
 
@@ -28,7 +28,7 @@ test-fast: $(VENV)/.installed runtimes airflow-db
 
 # Not in CI: the long reproductions and fault cases marked soak, then the browser-triggered rolling upgrade through
 # the real scheduler, SOAK_RUNS times in a row.
-soak: java chromium $(VENV)/.installed runtimes airflow-db
+soak: java chromium sshd $(VENV)/.installed runtimes airflow-db
 	$(BIN)/pytest -v -rs -m soak
 	@for i in $$(seq $(SOAK_RUNS)); do echo "soak run $$i of $(SOAK_RUNS)"; \
 	  $(BIN)/pytest -q -rs -p no:cacheprovider tests/e2e -k "ui_triggered and sqlite" || exit 1; done
@@ -47,6 +47,14 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 	  else echo "error: Chromium is missing: the browser test needs it. Install it (Debian/Ubuntu: sudo apt-get install chromium)." >&2; exit 1; fi; }
+
+# The existing-cluster tests give each member a host of its own (a network namespace) reached over SSH, as a
+# platform's would be: Debian's OpenSSH server, started by the tests inside those namespaces only.
+sshd:
+	@[ -x /usr/sbin/sshd ] || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq openssh-server >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -qq openssh-server >/dev/null; }; \
+	  else echo "error: openssh-server is missing: the existing-cluster tests need it. Install it (Debian/Ubuntu: sudo apt-get install openssh-server)." >&2; exit 1; fi; }
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "error: Python 3.11 is needed as $(PYTHON)." >&2; exit 1; }

@@ -227,6 +227,17 @@ class FakeFleet:
     def connect_running(self, member: str) -> bool:
         return member in self.connect_servers
 
+    def worker_running(self, member: str) -> bool:
+        with session_scope(self.settings.database_url) as s:
+            host = get_member(s, member).host
+        return any(master.workers.get(host) in ("ALIVE", "DECOMMISSIONED") for master in self.masters.values())
+
+    def check_reachable(self, member: str) -> None:
+        """Every fake host answers."""
+
+    def driver_python(self, version: str) -> str:
+        return f"/fake/spark-{version}/bin/python"
+
     def stop_worker(self, member: str, grace: float = 0.0) -> None:
         self.stop_connect(member)
         with session_scope(self.settings.database_url) as s:

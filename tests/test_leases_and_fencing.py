@@ -479,6 +479,9 @@ class _MasterAt:
     def server_version(self) -> str:
         return self.version
 
+    def driver_python(self, version: str) -> str:
+        return f"/fake/spark-{version}/bin/python"
+
 
 def test_a_standby_leaves_when_its_predecessor_is_no_longer_the_jobs_run(settings: Settings) -> None:
     old = _job_with_parked_run(settings, lease_left=3600)

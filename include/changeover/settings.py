@@ -18,6 +18,7 @@ class Settings:
     database_url: str
     runtimes_dir: Path
     rest_key_path: Path | None = None  # see rest_key_file
+    cluster_file: Path | None = None  # a standalone cluster Changeover did not start (`cluster.platform`)
 
     @property
     def cluster_dir(self) -> Path:
@@ -49,14 +50,16 @@ class Settings:
 
     @classmethod
     def from_env(cls, home: str | Path | None = None, database_url: str | None = None,
-                 rest_key_file: str | Path | None = None) -> Settings:
+                 rest_key_file: str | Path | None = None, cluster_file: str | Path | None = None) -> Settings:
         root = Path(home or os.environ.get("CHANGEOVER_HOME") or CHECKOUT / ".changeover").resolve()
         # the reference a parent process hands its children wins over a URL left in a shell's environment
         url = (database_url or _read_reference() or os.environ.get("CHANGEOVER_DATABASE_URL")
                or f"sqlite:///{root / 'registry.db'}")
         runtimes = Path(os.environ.get("CHANGEOVER_RUNTIMES") or CHECKOUT / ".runtimes").resolve()
+        cluster = cluster_file or os.environ.get("CHANGEOVER_CLUSTER_FILE")
         return cls(home=root, database_url=url, runtimes_dir=runtimes,
-                   rest_key_path=Path(rest_key_file) if rest_key_file else None)
+                   rest_key_path=Path(rest_key_file) if rest_key_file else None,
+                   cluster_file=Path(cluster).resolve() if cluster else None)
 
     def as_env(self) -> dict[str, str]:
         """What a child process (a driver, Airflow, the CLI) needs to find the same registry. The registry URL
@@ -66,6 +69,7 @@ class Settings:
             "CHANGEOVER_HOME": str(self.home),
             "CHANGEOVER_DATABASE_URL_FILE": str(self.write_reference()),
             "CHANGEOVER_RUNTIMES": str(self.runtimes_dir),
+            **({"CHANGEOVER_CLUSTER_FILE": str(self.cluster_file)} if self.cluster_file else {}),
         }
 
     def write_reference(self) -> Path:

@@ -17,7 +17,9 @@ class ChangeoverHook(BaseHook):
     Extra fields: `home` (cluster and savepoint folder) and the registry as `database_url`, or by reference as
     `database_url_file` (a file only the Airflow user reads). A password in the connection's own password field
     goes into that URL. `rest_key_file` is the key that signs submissions to the masters (default: one under
-    `home`). With no connection defined, the CHANGEOVER_* environment variables and their defaults
+    `home`). `cluster_file` describes a Spark standalone cluster Changeover did not start (its masters, members and
+command templates; `changeover.cluster.platform`), whose `home` must be on storage every host sees. With no
+connection defined, the CHANGEOVER_* environment variables and their defaults
     apply. The password is masked in Airflow's logs.
     """
 
@@ -38,7 +40,7 @@ class ChangeoverHook(BaseHook):
         extra = conn.extra_dejson if conn else {}
         url = self.registry_url(extra, conn.password if conn else None)
         settings = Settings.from_env(home=extra.get("home"), database_url=url,
-                                     rest_key_file=extra.get("rest_key_file"))
+                                     rest_key_file=extra.get("rest_key_file"), cluster_file=extra.get("cluster_file"))
         self._mask(settings.database_url)
         require_current(settings.database_url)
         return settings

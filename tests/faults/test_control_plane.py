@@ -29,7 +29,7 @@ from changeover.runtime.sinks import files
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import drain, lock, member_upgrade, recovery, relocate, roll
-from conftest import drivers_of
+from conftest import drivers_of, start_clicks
 from jobs import clicks
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
@@ -90,16 +90,6 @@ def _master_pid(settings: Settings, version: str) -> int:
         return row.pid
 
 
-def _start(settings: Settings, cluster: LocalCluster, name: str) -> Generator:
-    generator = Generator(settings.data_dir / f"landing-{name}")
-    generator.write_file()
-    generator.start(interval=0.5)
-    jobs.submit(settings, cluster, "jobs.clicks", name, options={"landing": str(generator.landing),
-                                                                 "lease_seconds": 60})
-    jobs.wait_until_committed(settings, cluster, name)
-    return generator
-
-
 def _assert_exact(settings: Settings, name: str, generator: Generator) -> None:
     generator.stop()
     wait_for(lambda: clicks.results(settings.database_url, name)[0] == dict(generator.truth), 300,
@@ -115,7 +105,7 @@ def _commits_after(settings: Settings, run_id: int, moment: object) -> bool:
 @pytest.mark.soak  # 76 s; a master paused mid-submission (next) keeps a silent master in make test
 def test_a_paused_master_is_no_news_and_only_a_long_silence_ends_a_run(settings: Settings, cluster: LocalCluster,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    generator = _start(settings, cluster, "paused")
+    generator = start_clicks(settings, cluster, "paused")
     master = _master_pid(settings, "4.2.0")
     run = jobs.refresh(settings, cluster, "paused")
     assert run is not None and run.state == "RUNNING"
@@ -283,7 +273,7 @@ def test_a_new_version_that_fails_a_moved_job_stops_the_roll_and_an_abort_runs_i
 def test_an_upgrade_failed_mid_drain_is_aborted_clean_and_a_new_one_succeeds(
     settings: Settings, cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    generator = _start(settings, cluster, "aborted")
+    generator = start_clicks(settings, cluster, "aborted")
     first = jobs.refresh(settings, cluster, "aborted")
     assert first is not None and first.member in ("a1", "a2")
     order = [first.member, *(m for m in ("a1", "a2") if m != first.member)]
@@ -372,7 +362,7 @@ def _moved_off(settings: Settings, cluster: LocalCluster, name: str, before: Job
 def test_a_driver_killed_after_its_stop_was_asked_goes_on_from_its_checkpoint_elsewhere(
     settings: Settings, cluster: LocalCluster
 ) -> None:
-    generator = _start(settings, cluster, "killed_mid_stop")
+    generator = start_clicks(settings, cluster, "killed_mid_stop")
     first = jobs.refresh(settings, cluster, "killed_mid_stop")
     assert first is not None and first.member in ("a1", "a2")
     try:
@@ -396,7 +386,7 @@ def test_a_driver_killed_after_its_stop_was_asked_goes_on_from_its_checkpoint_el
 
 
 def test_a_worker_lost_mid_drain_leaves_no_job_behind(settings: Settings, cluster: LocalCluster) -> None:
-    generator = _start(settings, cluster, "worker_lost")
+    generator = start_clicks(settings, cluster, "worker_lost")
     first = jobs.refresh(settings, cluster, "worker_lost")
     assert first is not None and first.member in ("a1", "a2")
     try:

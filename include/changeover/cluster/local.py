@@ -10,12 +10,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 from sqlalchemy import select
 
 from changeover import audit
 from changeover.cluster import connect_server, processes, rest_auth
-from changeover.cluster.membership import NoMaster, get_member, wait_for
+from changeover.cluster.membership import MasterObservation, NoMaster, get_member, wait_for
 from changeover.cluster.ports import free_port, require_free
 from changeover.cluster.runtimes import Runtime, find_runtime, java_home
 from changeover.cluster.spark_master import SparkMaster
@@ -37,7 +36,7 @@ DAEMON_JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 WORKER_TIMEOUT = 30  # s without heartbeats before a master declares a worker lost (Spark's default: 60)
 
 
-class LocalCluster:
+class LocalCluster(MasterObservation):
     def __init__(self, settings: Settings, start_timeout: float = 60.0) -> None:
         self.settings = settings
         self.start_timeout = start_timeout  # for a master or worker to come up before it is stopped again
@@ -87,25 +86,6 @@ class LocalCluster:
                     for m in masters
                 ],
             }
-
-    def executors_on(self, member: str) -> int:
-        with session_scope(self.url) as s:
-            row = get_member(s, member)
-            url = f"http://{row.host}:{row.webui_port}/json/"
-        try:
-            return len(httpx.get(url, timeout=5).json().get("executors", []))
-        except httpx.HTTPError:
-            return 0  # the worker is gone, and its executors with it
-
-    def is_decommissioned(self, member: str) -> bool:
-        """True once the master no longer places work on the member's worker (or it is gone)."""
-        with session_scope(self.url) as s:
-            row = get_member(s, member)
-            version, host = row.version, row.host
-        try:
-            return self.master(version).worker_state(host) in (None, "DECOMMISSIONED", "DEAD")
-        except NoMaster:
-            return True  # no master for its group: nothing can be placed there
 
     # -- actions -----------------------------------------------------------------------------
     def decommission(self, member: str) -> None:
@@ -303,6 +283,17 @@ class LocalCluster:
                                       f"drain it and stop it first (`changeover drain {member}`)")
             s.delete(row)
             audit.record(s, "member.remove", "member", member, version=row.version)
+
+    def worker_running(self, member: str) -> bool:
+        with session_scope(self.url) as s:
+            row = get_member(s, member)
+            return processes.is_running(row.pid, row.pid_started)
+
+    def check_reachable(self, member: str) -> None:
+        """Loopback members share this host: nothing to reach."""
+
+    def driver_python(self, version: str) -> str:
+        return str(find_runtime(self.settings.runtimes_dir, version).python)
 
     def connect_running(self, member: str) -> bool:
         with session_scope(self.url) as s:

@@ -42,6 +42,38 @@ class Membership(Protocol):
     def executors_on(self, member: str) -> int: ...
     def decommission(self, member: str) -> None: ...
     def is_decommissioned(self, member: str) -> bool: ...
+    def worker_running(self, member: str) -> bool: ...
+    def check_reachable(self, member: str) -> None: ...
+    def driver_python(self, version: str) -> str: ...
+
+
+class MasterObservation:
+    """What every backend reads the same way: a member's executors from its worker's UI, and whether its group's
+    master still places work on it."""
+
+    url: str
+
+    def master(self, version: str) -> SparkMaster:
+        raise NotImplementedError
+
+    def executors_on(self, member: str) -> int:
+        with session_scope(self.url) as s:
+            row = get_member(s, member)
+            url = f"http://{row.host}:{row.webui_port}/json/"
+        try:
+            return len(httpx.get(url, timeout=5).json().get("executors", []))
+        except httpx.HTTPError:
+            return 0  # the worker is gone, and its executors with it
+
+    def is_decommissioned(self, member: str) -> bool:
+        """True once the master no longer places work on the member's worker (or it is gone)."""
+        with session_scope(self.url) as s:
+            row = get_member(s, member)
+            version, host = row.version, row.host
+        try:
+            return self.master(version).worker_state(host) in (None, "DECOMMISSIONED", "DEAD")
+        except NoMaster:
+            return True  # no master for its group: nothing can be placed there
 
 
 def get_member(s: Any, name: str) -> Member:

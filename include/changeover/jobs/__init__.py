@@ -12,7 +12,6 @@ from sqlalchemy import select, update
 
 from changeover import audit, faults
 from changeover.cluster import Membership, NoMaster, wait_for
-from changeover.cluster.runtimes import find_runtime
 from changeover.cluster.spark_master import DriverStatus, MasterUnreachable
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
@@ -188,7 +187,7 @@ def launch(
     is the job's current one: a run declared dead whose driver still runs is fenced before the copy, so no batch it
     writes can fall between the copy and the hand-over (the successor would plan that batch id again).
     """
-    runtime = find_runtime(settings.runtimes_dir, version)
+    python = membership.driver_python(version)
     if copy_from is not None:
         _require_gone(membership, copy_from)
     master = membership.master(version)
@@ -200,7 +199,7 @@ def launch(
     if copy_from is not None:
         _lay_out(settings, admitted, copy_from, checkpoint_root or Path())
     try:
-        request = _submission(settings, runtime, master, admitted, version, checkpoint_root,
+        request = _submission(settings, python, master, admitted, version, checkpoint_root,
                               standby=not intent.makes_current, allow_non_restored_state=allow_non_restored_state)
         submission_id = master.create(request)
     except MasterUnreachable:
@@ -307,7 +306,7 @@ def _hand_back(settings: Settings, admitted: _Admitted, previous: int | None, ex
                      handed_back_to=previous)
 
 
-def _submission(settings: Settings, runtime: Any, master: Any, admitted: _Admitted, version: str,
+def _submission(settings: Settings, python: str, master: Any, admitted: _Admitted, version: str,
                 checkpoint_root: Path | None, *, standby: bool, allow_non_restored_state: bool) -> dict[str, Any]:
     """The master's REST CreateSubmissionRequest for a run's driver."""
     job_name, code, spark_settings = admitted.job, admitted.code, admitted.spark_settings
@@ -315,10 +314,10 @@ def _submission(settings: Settings, runtime: Any, master: Any, admitted: _Admitt
         raise ChangeoverError(f"launch of job {job_name}", f"its code artifact {code} is missing",
                               "submit the job again under a new name, or restore the artifact store")
     package, entry_script = runtime_artifacts(settings)
-    env = {"PYSPARK_PYTHON": str(runtime.python), "CHANGEOVER_ACTOR": f"driver:{job_name}", **settings.as_env(),
+    env = {"PYSPARK_PYTHON": python, "CHANGEOVER_ACTOR": f"driver:{job_name}", **settings.as_env(),
            **faults.env()}
     confs = {
-        "spark.pyspark.python": str(runtime.python),
+        "spark.pyspark.python": python,
         "spark.decommission.enabled": "true",
         "spark.ui.enabled": "false",
         "spark.sql.session.timeZone": "UTC",

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 
 from changeover import audit, jobs
-from changeover.cluster import Membership, processes
+from changeover.cluster import Membership
 from changeover.cluster.runtimes import check_version, find_runtime, java_home
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
@@ -65,6 +65,8 @@ def preflight(
             if run is not None and run.state in jobs.LIVE] if not dry_run else []
     for name in {rows[n].version for n in todo}:
         cluster.master(name)  # each group being left must have a live master
+    for name in todo:
+        cluster.check_reachable(name)  # before anything drains: a host that does not answer is named now
     if not dry_run:
         lock.begin(settings, upgrade_key, target, old)
         todo = roll.start(settings, upgrade_key, todo, live)
@@ -84,12 +86,12 @@ def verify(settings: Settings, cluster: Membership, target: str, upgrade_key: st
         skipped = {m: p for m, p in phases.items() if p == roll.SKIPPED}
         for name in [m for m in members if m not in skipped]:
             m = s.get(Member, name)
-            running = m is not None and processes.is_running(m.pid, m.pid_started)
+            running = m is not None and cluster.worker_running(name)
             if m is None or m.version != target or m.status != MemberStatus.ACTIVE or not running:
                 problems.append(f"member {name} is {m.status if m else 'gone'} at {m.version if m else '?'}")
         in_use = set(s.scalars(select(Member.version).where(Member.status != "STOPPED")))
         for master in s.scalars(select(Master).where(Master.status == "RUNNING")):
-            if master.version not in in_use:
+            if master.version not in in_use and master.pid is not None:  # a platform's own masters stay up
                 problems.append(f"the {master.version} master still runs with no members")
     largest = routing.target_version(settings)
     placed = {}

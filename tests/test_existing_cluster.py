@@ -1,0 +1,147 @@
+"""Rolling a Spark standalone cluster that Changeover did not start (`StandaloneCluster`), on hosts of its own: each
+member's worker in a network namespace with an SSH server, started by Spark's own sbin scripts from the platform's
+configuration (tests/platform_hosts.py). Changeover reaches the members only through the cluster file's `ssh` lines
+and the masters' JSON and REST APIs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from changeover import jobs
+from changeover.cluster import LocalCluster, membership_for, wait_for
+from changeover.cluster.standalone import StandaloneCluster
+from changeover.errors import ChangeoverError
+from changeover.jobs import move_history
+from changeover.registry.db import session_scope
+from changeover.registry.models import Member
+from changeover.registry.schema import migrate
+from changeover.settings import Settings
+from changeover.upgrade import lock, member_upgrade, recovery, roll, verify
+from conftest import start_clicks
+from jobs import clicks
+from platform_hosts import Platform, available
+from sqlalchemy import select
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+MEMBERS = ["h1", "h2", "h3"]
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    why = available()
+    if why:
+        pytest.skip(why)
+    hosts = Platform(tmp_path_factory.mktemp("platform"), MEMBERS, ["4.2.0", "4.3.0"])
+    try:
+        hosts.start()
+        hosts.start_masters()
+        for member in MEMBERS:
+            hosts.start_worker(member, "4.2.0")
+        yield hosts
+    finally:
+        hosts.close()
+
+
+@pytest.fixture(scope="module")
+def settings(platform: Platform) -> Settings:
+    url = f"sqlite:///{platform.shared / 'registry.db'}"
+    migrate(url)
+    return platform.settings(url)
+
+
+def test_changeover_adopts_the_platforms_cluster_as_it_runs(platform: Platform, settings: Settings) -> None:
+    cluster = membership_for(settings)
+    assert isinstance(cluster, StandaloneCluster) and not isinstance(cluster, LocalCluster)
+    pids = {m: platform.worker_pid(m) for m in MEMBERS}
+    cluster.up([(m, "4.2.0") for m in MEMBERS])
+    assert {m: platform.worker_pid(m) for m in MEMBERS} == pids  # adopted as they run: nothing restarted
+    status = cluster.status()
+    assert {(m["name"], m["version"], m["status"], m["host"], m["running"]) for m in status["members"]} == {
+        (m, "4.2.0", "ACTIVE", platform.hosts[m], True) for m in MEMBERS}
+    with pytest.raises(ChangeoverError, match=r"(?s)cluster down.*Changeover did not start this standalone cluster"):
+        cluster.down()
+
+
+def test_a_member_whose_host_does_not_answer_is_refused_before_anything_drains(
+    platform: Platform, settings: Settings
+) -> None:
+    cluster = membership_for(settings)
+    platform.stop_sshd("h3")
+    try:
+        with pytest.raises(ChangeoverError, match=rf"(?s)check of member h3.*host {platform.hosts['h3']} did not "
+                                                  r"answer over ssh.*leave this member out of the upgrade's members"):
+            verify.preflight(settings, cluster, "4.3.0", MEMBERS, "platform/refused")
+    finally:
+        platform.start_sshd("h3")
+    assert lock.status(settings, "platform/refused") is None  # no upgrade began
+    with session_scope(settings.database_url) as s:
+        assert {m.status for m in s.scalars(select(Member))} == {"ACTIVE"}
+
+
+def test_a_host_lost_mid_upgrade_stops_the_roll_and_an_abort_brings_back_what_it_can_reach(
+    platform: Platform, settings: Settings
+) -> None:
+    """The second member's SSH server stops after the preflight checked it: the roll stops on its restart, naming
+    the host; an abort then brings every member it can reach back into service and fails naming the one it cannot;
+    with the host back, the abort ends the upgrade ABORTED, and the job, which never left its member, is exact."""
+    cluster = membership_for(settings)
+    generator = start_clicks(settings, cluster, "clicks_fault")
+    try:
+        plan = verify.preflight(settings, cluster, "4.3.0", MEMBERS, "platform/lost")
+        lost = plan.members[1]  # the job's member drains last: the first two host no job
+        platform.stop_sshd(lost)
+        try:
+            with pytest.raises(ChangeoverError, match=rf"(?s)stop_worker of member {lost}.*host "
+                                                      rf"{platform.hosts[lost]} did not answer over ssh"):
+                wait_for(lambda: roll.step(settings, cluster, "platform/lost", 30).done, 600, "the roll",
+                         interval=2.0, retryable=())
+            lock.release(settings, "platform/lost", "FAILED", "its roll task failed")  # as the finish task does
+            with pytest.raises(ChangeoverError, match=rf"(?s)abort of upgrade platform/lost: member {lost} is not "
+                                                      "back in service.*did not answer over ssh"):
+                recovery.abort(settings, cluster, "platform/lost", "the test's lost host")
+            reached = {m["name"]: m["status"] for m in recovery.status(settings, "platform/lost")["members"]}
+            assert all(status == "ACTIVE" for name, status in reached.items() if name != lost), reached
+        finally:
+            platform.start_sshd(lost)
+        after = recovery.abort(settings, cluster, "platform/lost", "the host is back")
+        assert after["status"] == "ABORTED" and {m["status"] for m in after["members"]} == {"ACTIVE"}
+    finally:
+        generator.stop()
+    assert move_history.of(settings, "clicks_fault") == []
+    wait_for(lambda: clicks.results(settings.database_url, "clicks_fault")[0] == dict(generator.truth), 300,
+             "the job catching up with every generated file")
+    jobs.cancel(settings, cluster, "clicks_fault", reason="the test is over")
+
+
+def test_a_rolling_upgrade_through_the_templates_moves_the_job_once_and_ends_exact(
+    platform: Platform, settings: Settings
+) -> None:
+    cluster = membership_for(settings)
+    generator = start_clicks(settings, cluster, "clicks")
+    try:
+        dry = verify.preflight(settings, cluster, "4.3.0", MEMBERS, "platform/1", dry_run=True).describe()
+        assert dry[0].startswith("target Spark 4.3.0; members in order: ")
+        first = jobs.refresh(settings, cluster, "clicks")
+        assert first is not None and first.member in MEMBERS
+        assert any(f"job clicks: RUNNING on {first.member} at 4.2.0" in line for line in dry), dry
+        verify.preflight(settings, cluster, "4.3.0", MEMBERS, "platform/1")
+        wait_for(lambda: roll.step(settings, cluster, "platform/1", 30).done, 900, "the roll of the platform",
+                 interval=2.0, retryable=())
+        wait_for(lambda: not member_upgrade.rebalance_step(settings, cluster, "platform/1"), 300,
+                 "the job on 4.3.0", interval=2.0)
+        verify.verify(settings, cluster, "4.3.0", "platform/1")
+    finally:
+        generator.stop()
+    for member in MEMBERS:  # each worker now runs at 4.3.0 on its host, registered with the platform's 4.3.0 master
+        assert cluster.master("4.3.0").worker_state(platform.hosts[member]) == "ALIVE"
+    run = jobs.refresh(settings, cluster, "clicks")
+    assert run is not None and run.spark_version == "4.3.0" and run.state in jobs.LIVE
+    assert [(m.from_version, m.to_version) for m in move_history.of(settings, "clicks")] == [("4.2.0", "4.3.0")]
+    wait_for(lambda: clicks.results(settings.database_url, "clicks")[0] == dict(generator.truth), 300,
+             "the job catching up with every generated file")
+    windows = clicks.results(settings.database_url, "clicks")[1]
+    assert windows and all(generator.window_truth[k] == v for k, v in windows.items())
+    jobs.cancel(settings, cluster, "clicks", reason="the test is over")
+    assert Path(settings.home).is_relative_to(platform.shared)
