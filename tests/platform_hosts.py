@@ -47,7 +47,8 @@ class Platform:
     def __init__(self, root: Path, members: list[str], versions: list[str]) -> None:
         self.root, self.members, self.versions = root, members, versions
         self.tag = f"{random.randrange(16**4):04x}"
-        self.net = f"169.254.{random.randrange(64, 250)}"
+        # not 169.254.169.0/24, which holds cloud metadata addresses
+        self.net = f"169.254.{random.choice([n for n in range(64, 250) if n != 169])}"
         self.bridge = f"chb{self.tag}"
         self.gateway = f"{self.net}.1"
         self.hosts = {m: f"{self.net}.{11 + i}" for i, m in enumerate(members)}
@@ -94,15 +95,17 @@ class Platform:
             "StrictModes no", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
             "KbdInteractiveAuthentication no", "UsePAM no", "PrintMotd no", "LogLevel ERROR", ""]))
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder
-        self.sshd[member] = subprocess.Popen(
-            ["ip", "netns", "exec", self.namespaces[member], str(SSHD), "-D", "-e", "-f", str(config)],
-            stdout=subprocess.DEVNULL, stderr=open(folder / "sshd.log", "ab"), start_new_session=True)  # noqa: SIM115
+        with open(folder / "sshd.log", "ab") as log:  # the child keeps its own copy of the descriptor
+            self.sshd[member] = subprocess.Popen(
+                ["ip", "netns", "exec", self.namespaces[member], str(SSHD), "-D", "-e", "-f", str(config)],
+                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         wait_for(lambda: self.ssh(member, "true").returncode == 0, 30, f"the SSH server of host {member}")
 
     def stop_sshd(self, member: str) -> None:
         child = self.sshd.pop(member, None)
         if child is not None:
-            os.killpg(child.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGTERM)
             child.wait(timeout=10)
 
     def ssh(self, member: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -138,13 +141,18 @@ class Platform:
     def close(self) -> None:
         """Every process this platform started (workers and masters by their PID files, whose drivers and
         executors are their children; our SSH servers), then the namespaces, the bridge and the links."""
-        pids = [int(p.read_text()) for p in (self.root / "platform").glob("**/pids/*.pid") if p.read_text().strip()]
+        pids = []
+        for pidfile in (self.root / "platform").glob("**/pids/*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.append(int(pidfile.read_text()))
         ours = [p for p in psutil.process_iter(["pid", "cmdline"])
                 if any(str(self.root) in part for part in p.info["cmdline"] or [])]
         for process in [*(_process(pid) for pid in pids), *ours]:
-            if process is not None:
+            with contextlib.suppress(psutil.Error):
+                if process is None or not any(str(self.root) in part for part in process.cmdline()):
+                    continue  # a PID file left by a process long gone: the PID may be someone else's now
                 for child in [*process.children(recursive=True), process]:
-                    with contextlib.suppress(psutil.NoSuchProcess):
+                    with contextlib.suppress(psutil.Error):
                         child.kill()
         for member in list(self.sshd):
             self.stop_sshd(member)

@@ -32,7 +32,10 @@ def run(command: str, what: str, host: str, timeout: float) -> str:
         output, _ = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)  # ours: the group start_new_session made
-        output, _ = child.communicate()
+        try:
+            output, _ = child.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a grandchild that left the group still holds the pipe
+            output = ""
         _log_output(what, output)
         raise ChangeoverError(what, f"`{command}` did not finish within {timeout:.0f} s (host {host} may not "
                               "answer)", f"check host {host}; raise commands.timeout_seconds if it is only slow, or "

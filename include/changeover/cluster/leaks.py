@@ -220,12 +220,18 @@ def _unaccounted(settings: Settings, membership: Membership, workloads: dict[str
         alive = list(s.execute(select(JobRun.spark_version, JobRun.submission_id, JobRun.job)
                                .where(JobRun.ended_at.is_(None))))
         members = {m.name: m.version for m in s.scalars(select(Member))}
+        # A platform's masters run other teams' work too: there only what Changeover ever launched is judged.
+        shared = getattr(membership, "shared_masters", False)
+        ever = set(s.execute(select(JobRun.spark_version, JobRun.submission_id)
+                             .where(JobRun.submission_id.is_not(None)))) if shared else set()
     drivers = {(version, submission) for version, submission, _ in alive if submission}
     jobs_alive = {job for _, _, job in alive}
     found = []
     for version, workload in workloads.items():
         servers = Counter(app.name for app in workload.apps if app.name.startswith(CONNECT_APP))
         for driver in workload.drivers:
+            if shared and (version, driver.submission_id) not in ever:
+                continue  # never one of ours: another team's driver on the platform's master
             if (version, driver.submission_id) not in drivers:
                 found.append(Leak("driver", f"{version}/{driver.submission_id}",
                                   f"the Spark {version} master runs driver {driver.submission_id} ({driver.state}), "
@@ -249,7 +255,7 @@ def _unaccounted(settings: Settings, membership: Membership, workloads: dict[str
                 found.append(Leak("app", f"{version}/{app.app_id}", why,
                                   {"master": version, "app": app.app_id, "name": app.name, "member": member},
                                   ours=at_version and servers[app.name] == 1))
-            elif not (app.name.startswith(JOB_APP) and app.name.removeprefix(JOB_APP) in jobs_alive):
+            elif not shared and not (app.name.startswith(JOB_APP) and app.name.removeprefix(JOB_APP) in jobs_alive):
                 # A job's application goes with its driver, a leak of its own if it is one; another's is nobody's
                 # Changeover knows of, and is only reported.
                 found.append(Leak("app", f"{version}/{app.app_id}",

@@ -19,6 +19,7 @@ Templates may use {member}, {host}, {version}, {master_url} and {spark_home}.
 from __future__ import annotations
 
 import json
+import re
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from changeover.names import check_name
 
 FIELDS = frozenset({"member", "host", "version", "master_url", "spark_home"})
 REQUIRED_COMMANDS = ("start_worker", "stop_worker")
+HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:_-]*")  # a name or address, never an option (`-oProxyCommand=...`)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ def load(path: Path) -> PlatformSpec:
         check_name("member", name)
         members[name] = MemberSpec(name, str(_field(path, f"members.{name}", m, "host")),
                                    str(_field(path, f"members.{name}", m, "worker_ui")))
+        if not HOST.fullmatch(members[name].host):
+            raise _bad(path, f"members.{name}.host", f"{members[name].host!r} is not a host name or address")
     commands = raw.get("commands") or {}
     if not isinstance(commands, dict):
         raise _bad(path, "commands", "it is not an object of command templates")
