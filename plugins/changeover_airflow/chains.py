@@ -9,6 +9,7 @@ from airflow.sdk import Param
 from changeover.cluster.runtimes import SUPPORTED_VERSIONS, installed_versions
 from changeover.settings import Settings
 
+from changeover_airflow.hooks import ChangeoverHook
 from changeover_airflow.operators import (
     CompatibilityCheckOperator,
     FinishUpgradeOperator,
@@ -35,6 +36,9 @@ def upgrade_params(target_description: str, **extra: Param) -> dict[str, Param]:
                        description="Temporary members at the target version for the length of the upgrade, so "
                                    "capacity does not drop while each member drains (removed at the end)."),
         "dry_run": Param(False, type="boolean", description="Only check and print the plan."),
+        "connection": Param(ChangeoverHook.default_conn_name, type="string", minLength=1,
+                            description="The Changeover connection of the cluster and registry to upgrade (its "
+                                        "extras name them: a team with several clusters has one each)."),
         "replay_check": Param(True, type="boolean", description="Before any drain, replay a batch of every "
                               "running job on the target version from a copy of its state (the static check "
                               "always runs; the replay also catches what only Spark can see)."),
@@ -49,19 +53,21 @@ def upgrade_chain(
     drain_needs_seconds: Any = 0,
 ) -> list[Any]:
     """Build the chain inside a DAG. Templates read the DAG's `target_version` and `shutdown_timeout` Params."""
-    target = "{{ params.target_version }}"
+    target, conn = "{{ params.target_version }}", {"changeover_conn_id": "{{ params.connection }}"}
     tasks = [
-        PreflightOperator(task_id="preflight", target_version=target, members=members, marked_only=marked_only),
+        PreflightOperator(task_id="preflight", target_version=target, members=members, marked_only=marked_only,
+                          **conn),
         # every running fault-tolerant job replays a batch on the target runtime before any member is drained
         CompatibilityCheckOperator(task_id="compatibility", target_version=target, upgrade_step=True,
                                    dry_run="{{ params.replay_check }}",
-                                   savepoint_name="upgrade-check-{{ run_id | replace(':', '') | replace('+', '') }}"),
+                                   savepoint_name="upgrade-check-{{ run_id | replace(':', '') | replace('+', '') }}",
+                                   **conn),
         RollingUpgradeOperator(task_id="roll", shutdown_timeout="{{ params.shutdown_timeout }}", window=window,
-                               drain_needs_seconds=drain_needs_seconds, surge="{{ params.surge }}"),
-        RebalanceJobsOperator(task_id="rebalance"),
-        VerifyUpgradeOperator(task_id="verify", target_version=target),
+                               drain_needs_seconds=drain_needs_seconds, surge="{{ params.surge }}", **conn),
+        RebalanceJobsOperator(task_id="rebalance", **conn),
+        VerifyUpgradeOperator(task_id="verify", target_version=target, **conn),
         # all_done: whatever failed upstream, an upgrade not verified by now ends FAILED and frees the lock
-        FinishUpgradeOperator(task_id="finish", trigger_rule="all_done", retries=0),
+        FinishUpgradeOperator(task_id="finish", trigger_rule="all_done", retries=0, **conn),
     ]
     for before, after in zip(tasks, tasks[1:], strict=False):
         before >> after

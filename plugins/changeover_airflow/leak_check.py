@@ -16,7 +16,7 @@ class LeakCheckOperator(ChangeoverOperator):
     on, and cleans each once it has been seen for `grace_seconds`. The report is the task's return value; a cleanup
     that was refused fails the task once the others are done, since a retry meets the same refusal."""
 
-    template_fields: Sequence[str] = ("grace_seconds",)
+    template_fields: Sequence[str] = ("changeover_conn_id", "grace_seconds")
 
     def __init__(self, *, grace_seconds: Any = 600, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -29,6 +29,8 @@ class ChangeoverOperator(BaseOperator):
     """Base: resolves the connection and names the person and the task instance as the actor in the audit trail."""
 
     upgrade_step = False  # a step of an upgrade DAG: its events carry the upgrade's key
+    # templated: an upgrade DAG's run chooses its cluster and registry (`params.connection`)
+    template_fields: Sequence[str] = ("changeover_conn_id",)
 
     def __init__(self, *, changeover_conn_id: str = ChangeoverHook.default_conn_name,
                  overall_timeout: float | None = 6 * 3600, **kwargs: Any) -> None:
@@ -93,7 +95,7 @@ class PreflightOperator(ChangeoverOperator):
 
     upgrade_step = True
 
-    template_fields: Sequence[str] = ("target_version", "members")
+    template_fields: Sequence[str] = ("changeover_conn_id", "target_version", "members")
 
     def __init__(self, *, target_version: str, members: Any = None, marked_only: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -126,7 +128,7 @@ class RollingUpgradeOperator(ChangeoverOperator):
     """
 
     upgrade_step = True
-    template_fields: Sequence[str] = ("shutdown_timeout", "drain_needs_seconds", "surge")
+    template_fields: Sequence[str] = ("changeover_conn_id", "shutdown_timeout", "drain_needs_seconds", "surge")
 
     def __init__(
         self,
@@ -199,7 +201,7 @@ class VerifyUpgradeOperator(ChangeoverOperator):
     """Checks every member, the masters and the jobs' placement, then ends the upgrade and frees its lock."""
 
     upgrade_step = True
-    template_fields: Sequence[str] = ("target_version",)
+    template_fields: Sequence[str] = ("changeover_conn_id", "target_version",)
 
     def __init__(self, *, target_version: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -247,7 +249,7 @@ class SavepointOperator(ChangeoverOperator):
     A retry with the same rendered name returns the savepoint taken before instead of a second one.
     """
 
-    template_fields: Sequence[str] = ("job", "savepoint_name", "mode")
+    template_fields: Sequence[str] = ("changeover_conn_id", "job", "savepoint_name", "mode")
 
     def __init__(self, *, job: str, savepoint_name: str, mode: str = "continue", **kwargs: Any) -> None:
         kwargs.setdefault("outlets", [SAVEPOINTS_ASSET])
@@ -279,7 +281,7 @@ class SavepointOperator(ChangeoverOperator):
 class SavepointMaintenanceOperator(ChangeoverOperator):
     """Applies the retention policy to every fault-tolerant job, then reconciles crashed savepoints."""
 
-    template_fields: Sequence[str] = ("max_count", "max_age_hours")
+    template_fields: Sequence[str] = ("changeover_conn_id", "max_count", "max_age_hours")
 
     def __init__(self, *, max_count: int | None = None, max_age_hours: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -306,7 +308,7 @@ class LightJobOperator(ChangeoverOperator):
     block_shutdown is off, when it is interrupted after shutdown_timeout.
     """
 
-    template_fields: Sequence[str] = ("sql", "block_shutdown", "shutdown_timeout")
+    template_fields: Sequence[str] = ("changeover_conn_id", "sql", "block_shutdown", "shutdown_timeout")
     template_ext: Sequence[str] = (".sql",)
 
     def __init__(self, *, sql: str, spark_connect_conn_id: str | None = None, block_shutdown: bool = True,
@@ -376,7 +378,8 @@ class CompatibilityCheckOperator(ChangeoverOperator):
     job that would break fails the task, with the whole report in its log, and is not retried.
     """
 
-    template_fields: Sequence[str] = ("job", "code", "target_version", "savepoint_name", "rename_stages", "dry_run",
+    template_fields: Sequence[str] = ("changeover_conn_id", "job", "code", "target_version", "savepoint_name",
+                                      "rename_stages", "dry_run",
                                       "strict", "allow_non_restored_state")
 
     def __init__(self, *, savepoint_name: str, job: str | None = None, code: str | None = None,
@@ -422,7 +425,8 @@ class CompatibilityCheckOperator(ChangeoverOperator):
 class ResumeWithCodeOperator(ChangeoverOperator):
     """Resumes a stopped job from its savepoint on new code. A retry finds the run it launched and returns it."""
 
-    template_fields: Sequence[str] = ("job", "code", "savepoint_name", "rename_stages", "allow_non_restored_state")
+    template_fields: Sequence[str] = ("changeover_conn_id", "job", "code", "savepoint_name", "rename_stages",
+                                      "allow_non_restored_state")
 
     def __init__(self, *, job: str, code: Any, savepoint_name: str, rename_stages: Any = None,
                  allow_non_restored_state: Any = False, **kwargs: Any) -> None:
@@ -444,8 +448,8 @@ class StabilityGateOperator(ChangeoverOperator):
     the launch of the run that `resume_task_id` started, whichever try of the task is running then (any other run,
     a rollback's say, is timed from the try's start). It waits in the triggerer, not in a worker slot."""
 
-    template_fields: Sequence[str] = ("job", "savepoint_name", "batches", "max_lag_seconds", "gate_timeout",
-                                      "rename_stages")
+    template_fields: Sequence[str] = ("changeover_conn_id", "job", "savepoint_name", "batches", "max_lag_seconds",
+                                      "gate_timeout", "rename_stages")
 
     def __init__(self, *, job: str, savepoint_name: str, batches: Any = 5, max_lag_seconds: Any = 60,
                  gate_timeout: Any = 300, rename_stages: Any = None, resume_task_id: str = "resume",
@@ -487,7 +491,7 @@ class RollbackJobOperator(ChangeoverOperator):
     """Runs when a step of the update failed: the old code again from the update's savepoint, its sinks rewound
     to that batch. A job still on its old code (the check or the stop failed) is left running as it is."""
 
-    template_fields: Sequence[str] = ("job", "savepoint_name")
+    template_fields: Sequence[str] = ("changeover_conn_id", "job", "savepoint_name")
 
     def __init__(self, *, job: str, savepoint_name: str, check_task_id: str = "check", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -515,7 +519,7 @@ class UpdateSummaryOperator(ChangeoverOperator):
     """Whatever happened upstream: the verdicts, the outcome and the job's downtime, in the log and in XCom.
     The run fails unless the new code is running and stable."""
 
-    template_fields: Sequence[str] = ("job", "savepoint_name")
+    template_fields: Sequence[str] = ("changeover_conn_id", "job", "savepoint_name")
 
     def __init__(self, *, job: str, savepoint_name: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)

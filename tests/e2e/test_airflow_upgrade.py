@@ -22,14 +22,17 @@ from pathlib import Path
 import pytest
 from changeover import audit, faults, jobs
 from changeover.cli.generator import Generator
-from changeover.cluster import LocalCluster, processes, wait_for
+from changeover.cluster import LocalCluster, Membership, membership_for, processes, wait_for
 from changeover.jobs import move_history
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, utcnow
+from changeover.registry.schema import migrate
+from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from conftest import PG_ADMIN_URL
+from conftest import PG_ADMIN_URL, start_clicks
 from guide_words import GUIDE_JOB, Words, parquet_counts
 from jobs import clicks
+from platform_hosts import Platform, available
 from sqlalchemy import create_engine, text
 
 from e2e import browser
@@ -77,17 +80,17 @@ def _assert_rolled(stack: Stack, name: str) -> None:
     assert [(m.from_version, m.to_version) for m in made] == [("4.2.0", "4.3.0")], made
 
 
-def _start_guide(stack: Stack) -> tuple[Words, Path]:
+def _start_guide(settings: Settings, cluster: Membership) -> tuple[Words, Path]:
     """The guide's windowed count, from a file outside the checkout, writing parquet: a user's own job."""
-    outside = stack.settings.home.parent / "team-repo" / GUIDE_JOB.name
+    outside = settings.home.parent / "team-repo" / GUIDE_JOB.name
     outside.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(GUIDE_JOB, outside)
-    words, output = Words(stack.settings.home.parent / "words"), stack.settings.home.parent / "guide-output"
+    words, output = Words(settings.home.parent / "words"), settings.home.parent / "guide-output"
     for _ in range(24):
         words.write()
-    jobs.submit(stack.settings, stack.cluster, str(outside), "guide",
+    jobs.submit(settings, cluster, str(outside), "guide",
                 options={"words": str(words.folder), "output": str(output), "lease_seconds": LEASE_SECONDS})
-    jobs.wait_until_committed(stack.settings, stack.cluster, "guide")
+    jobs.wait_until_committed(settings, cluster, "guide")
     return words, output
 
 
@@ -110,7 +113,7 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
     with ThreadPoolExecutor(len(members)) as pool:
         list(pool.map(lambda member: patient.start_worker(member, "4.2.0", light_jobs=True), members))
     jobs.wait_until_committed(stack.settings, stack.cluster, "clicks")
-    guide = _start_guide(stack) if stack.kind == "sqlite" else None
+    guide = _start_guide(stack.settings, stack.cluster) if stack.kind == "sqlite" else None
     probe = SqlProbe(stack.settings).start()
     wait_for(lambda: len([a for a in probe.answers if a.ok]) >= 3, 120, "the Connect servers' first answers")
     warm = time.time()  # the baseline leaves out the first queries, which wait for the servers' executors
@@ -495,3 +498,66 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
     finally:
         generator.stop()
         stack.cluster.down()
+
+
+@pytest.mark.only_on("sqlite", "run once: the platform's drivers reach the registry on storage every host sees, a "
+                     "SQLite file; this machine's PostgreSQL listens on loopback only, which the hosts do not share")
+def test_a_platforms_own_cluster_rolls_through_the_scheduler_one_move_a_job_exact(stack: Stack,
+                                                                                  tmp_path: Path) -> None:
+    """A Spark standalone cluster Changeover did not start (tests/platform_hosts.py: three hosts of their own, each
+    a network namespace with an SSH server, Spark started by its own sbin scripts), rolled by the same Airflow
+    through a connection of its own, chosen by the run's `connection` Param. Its tasks reach the members only
+    through the cluster file's ssh lines, and their output is in the task logs. No process of LocalCluster runs."""
+    why = available()
+    if why:
+        pytest.skip(why)
+    members = ["p1", "p2", "p3"]
+    platform, generator = Platform(tmp_path, members, ["4.2.0", "4.3.0"]), None
+    airflow = stack.airflow
+    try:
+        platform.start()
+        platform.start_masters()
+        for member in members:
+            platform.start_worker(member, "4.2.0")
+        url = f"sqlite:///{platform.shared / 'registry.db'}"
+        migrate(url)
+        settings = platform.settings(url)
+        cluster = membership_for(settings)
+        cluster.up([(m, "4.2.0") for m in members])  # adopted as they run
+        generator = start_clicks(settings, cluster, "clicks")
+        words, output = _start_guide(settings, cluster)
+        airflow.api("POST", "/connections", json={
+            "connection_id": "changeover_platform", "conn_type": "changeover",
+            "extra": json.dumps({"home": str(settings.home), "database_url": url,
+                                 "rest_key_file": str(platform.rest_key_file),
+                                 "cluster_file": str(platform.cluster_file)})}).raise_for_status()
+        run_id = airflow.trigger("rolling_upgrade", {**CONF, "members": members, "connection": "changeover_platform",
+                                                     "replay_check": False})
+        state = airflow.follow("rolling_upgrade", run_id, timeout=1500)
+        assert state == "success", _task_log_tail(stack, run_id)
+        said = "\n".join(_task_log_events(stack, run_id))
+        for member in members:  # each restart went through the templates, their output in the roll's log
+            assert re.search(rf"stop_worker of member {member}: running ssh -F \S+ {platform.hosts[member]} ", said)
+            assert re.search(rf"start_worker of member {member} \| starting org.apache.spark.deploy.worker", said)
+        for member in members:
+            assert cluster.master("4.3.0").worker_state(platform.hosts[member]) == "ALIVE"
+        for name in ("clicks", "guide"):
+            run = jobs.refresh(settings, cluster, name)
+            assert run is not None and run.spark_version == "4.3.0" and run.state in jobs.LIVE
+            made = move_history.of(settings, name)
+            assert [(m.from_version, m.to_version) for m in made] == [("4.2.0", "4.3.0")], made
+        assert not list(stack.cluster.pid_dir.glob("*.pid"))  # nothing of the embedded cluster ran
+        generator.stop()
+        wait_for(lambda: clicks.results(url, "clicks")[0] == dict(generator.truth), 300,
+                 "clicks catching up with every generated file")
+        windows = clicks.results(url, "clicks")[1]
+        assert windows and all(generator.window_truth[k] == v for k, v in windows.items())
+        for _ in range(12):
+            words.write()
+        words.flush()
+        wait_for(lambda: parquet_counts(output) == words.truth(), 300, "every closed window of the guide job")
+    finally:
+        if generator is not None:
+            generator.stop()
+        airflow.api("DELETE", "/connections/changeover_platform")
+        platform.close()
