@@ -6,6 +6,7 @@ import shutil
 import signal
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from jobs import clicks
@@ -15,7 +16,7 @@ from sqlalchemy import select
 from changeover import jobs
 from changeover.cli import local_airflow
 from changeover.cli.generator import Generator
-from changeover.cluster import Membership, membership_for, wait_for
+from changeover.cluster import LocalCluster, Membership, wait_for
 from changeover.cluster.runtimes import find_runtime, java_home
 from changeover.jobs import move_history
 from changeover.registry.db import forget_engines, session_scope
@@ -34,11 +35,12 @@ console = Console(soft_wrap=True)
 def run_demo(keep_airflow: bool = False) -> int:
     started = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the Airflow and Spark it started
-    settings = Settings.from_env()
+    # the embedded default, whatever cluster file the shell names: the demo starts and stops its own cluster
+    settings = replace(Settings.from_env(), cluster_file=None)
     java_home()
     for version in (FROM_VERSION, TO_VERSION):
         find_runtime(settings.runtimes_dir, version)
-    cluster = membership_for(settings)
+    cluster: Membership = LocalCluster(settings)
     cluster.down()  # leftovers of an earlier demo in this folder
     shutil.rmtree(settings.home, ignore_errors=True)
     forget_engines()

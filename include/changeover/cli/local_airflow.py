@@ -32,7 +32,8 @@ AIRFLOW = Path(sys.executable).parent / "airflow"
 
 def airflow_env(settings: Settings, airflow_home: Path | None = None, sql_conn: str | None = None) -> dict[str, str]:
     home = airflow_home or Path(os.environ.get("AIRFLOW_HOME") or CHECKOUT / ".airflow")
-    env = {k: v for k, v in os.environ.items() if k != "CHANGEOVER_DATABASE_URL"}  # by reference only
+    # the registry by reference only; the cluster file only if these settings name one
+    env = {k: v for k, v in os.environ.items() if k not in ("CHANGEOVER_DATABASE_URL", "CHANGEOVER_CLUSTER_FILE")}
     env.update(settings.as_env())
     env.update({
         "AIRFLOW_HOME": str(home),

@@ -17,7 +17,7 @@ from changeover.cluster.platform import PlatformSpec, load
 from changeover.cluster.spark_master import SparkMaster
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
-from changeover.registry.models import Master, Member
+from changeover.registry.models import JobRun, Master, Member
 from changeover.settings import Settings
 
 GONE = (None, "DEAD")  # the master's word for a worker whose process is no longer there
@@ -146,6 +146,12 @@ class StandaloneCluster(MasterObservation):
         with session_scope(self.url) as s:
             row = get_member(s, member)
             version, host = row.version, row.host
+        foreign = self._foreign_drivers(version, host)
+        if foreign:
+            raise ChangeoverError(f"stop of member {member}'s worker", f"it runs drivers Changeover did not launch "
+                                  f"({', '.join(foreign)}), which a restart would kill",
+                                  "end or move them with the platform's own tooling (the drain decommissioned the "
+                                  "worker: nothing new lands there), then retry the task")
         began = time.monotonic()
         # Run also when no master lists it: a retried stop, or a worker that registered late elsewhere. The
         # template must be safe to repeat (systemctl stop and spark-daemon.sh stop are).
@@ -197,6 +203,17 @@ class StandaloneCluster(MasterObservation):
         if command is not None:
             host_commands.run(command, f"{verb} of member {member}", self.spec.member(member).host,
                               self.spec.timeout_seconds)
+
+    def _foreign_drivers(self, version: str, host: str) -> list[str]:
+        """Drivers on the host's worker that no run of Changeover's names: another team's, on the shared master."""
+        state = self.master(version).state()
+        workers = {w["id"] for w in state.get("workers", []) if w.get("host") == host and w.get("state") != "DEAD"}
+        on_it = [str(d["id"]) for d in state.get("activedrivers", []) if d.get("worker") in workers]
+        if not on_it:
+            return []
+        with session_scope(self.url) as s:
+            ours = set(s.scalars(select(JobRun.submission_id).where(JobRun.submission_id.in_(on_it))))
+        return [driver for driver in on_it if driver not in ours]
 
     def _worker_state(self, version: str, host: str) -> str | None:
         return self.master(version).worker_state(host)
