@@ -5,6 +5,7 @@ the worker. The masters' JSON is a stub here (no Spark); tests/test_existing_clu
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,30 @@ def test_a_command_past_its_timeout_is_ended_with_its_children(tmp_path: Path) -
     assert time.monotonic() - began < 10
     time.sleep(4)  # past the child's own sleep: had it survived the group's end, the marker would be there
     assert not marker.exists()
+
+
+def test_a_killed_task_ends_the_commands_it_runs(tmp_path: Path) -> None:
+    """`on_kill` of every Changeover operator calls `end_all`: a stop hanging on its host ends with the task."""
+    marker = tmp_path / "outlived"
+    hanging = _script(tmp_path, "hanging", f"(sleep 3; touch {marker}) & sleep 60")
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            host_commands.run(str(hanging), "stop_worker of member w1", "h", timeout=120)
+        except ChangeoverError as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not host_commands.end_all() and time.monotonic() < deadline:  # once the command runs, end it
+        time.sleep(0.05)
+    worker.join(timeout=10)
+    assert not worker.is_alive() and failed and "exited -9" in str(failed[0]), failed
+    assert host_commands.end_all() == []  # nothing left running
+    time.sleep(4)
+    assert not marker.exists()  # its background child went with its group
 
 
 class _Master:

@@ -47,6 +47,15 @@ class ChangeoverOperator(BaseOperator):
         settings = ChangeoverHook(self.changeover_conn_id).get_settings()
         return settings, membership_for(settings)
 
+    def on_kill(self) -> None:
+        """A killed task ends the platform commands it runs (a worker's stop or start over ssh): its retry runs them
+        again from what it observes, never beside one left running."""
+        from changeover.cluster import host_commands
+
+        ended = host_commands.end_all()
+        if ended:
+            self.log.warning("ended the commands this task ran: %s", "; ".join(ended))
+
     def _skip_if_dry_run(self, context: Any) -> None:
         if context["params"].get("dry_run"):
             raise AirflowSkipException("dry run: nothing is changed")
@@ -342,6 +351,7 @@ class LightJobOperator(ChangeoverOperator):
         return [row.asDict(recursive=True) for row in rows]
 
     def on_kill(self) -> None:
+        super().on_kill()
         if self._running is not None:
             from changeover import light
 

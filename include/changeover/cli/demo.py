@@ -16,7 +16,7 @@ from sqlalchemy import select
 from changeover import jobs
 from changeover.cli import local_airflow
 from changeover.cli.generator import Generator
-from changeover.cluster import LocalCluster, Membership, wait_for
+from changeover.cluster import Membership, membership_for, wait_for
 from changeover.cluster.runtimes import find_runtime, java_home
 from changeover.jobs import move_history
 from changeover.registry.db import forget_engines, session_scope
@@ -40,7 +40,7 @@ def run_demo(keep_airflow: bool = False) -> int:
     java_home()
     for version in (FROM_VERSION, TO_VERSION):
         find_runtime(settings.runtimes_dir, version)
-    cluster: Membership = LocalCluster(settings)
+    cluster = membership_for(settings)
     cluster.down()  # leftovers of an earlier demo in this folder
     shutil.rmtree(settings.home, ignore_errors=True)
     forget_engines()

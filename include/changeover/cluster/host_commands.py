@@ -8,12 +8,28 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 
 from changeover.errors import ChangeoverError
 
 log = logging.getLogger("changeover.cluster")
 SSH_UNREACHABLE = 255  # ssh's own exit code: the connection failed, the command never ran
+_running: dict[int, str] = {}  # process group -> command, of the commands this process runs now
+_lock = threading.Lock()
+
+
+def end_all() -> list[str]:
+    """End every command this process runs now, whole process groups (ours: each started its own). For a task being
+    killed: its retry must not run a second stop or start beside one left behind. Returns the commands ended."""
+    with _lock:
+        running = dict(_running)
+    for group in running:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+    return list(running.values())
 
 
 def run(command: str, what: str, host: str, timeout: float) -> str:
@@ -28,6 +44,8 @@ def run(command: str, what: str, host: str, timeout: float) -> str:
     except OSError as exc:
         raise ChangeoverError(what, f"`{argv[0]}` could not be started: {exc.strerror}",
                               "fix the command template in the cluster file") from None
+    with _lock:
+        _running[child.pid] = command
     try:
         output, _ = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -40,6 +58,9 @@ def run(command: str, what: str, host: str, timeout: float) -> str:
         raise ChangeoverError(what, f"`{command}` did not finish within {timeout:.0f} s (host {host} may not "
                               "answer)", f"check host {host}; raise commands.timeout_seconds if it is only slow, or "
                               "leave this member out of the upgrade's members") from None
+    finally:
+        with _lock:
+            _running.pop(child.pid, None)
     _log_output(what, output)
     if child.returncode != 0:
         last = (output.strip().splitlines() or ["no output"])[-1]
