@@ -104,6 +104,7 @@ class FakeMaster:
 
 
 class FakeFleet:
+    shared_masters = False
     """Members and masters in the registry, their processes in memory."""
 
     def __init__(self, settings: Settings) -> None:

@@ -34,10 +34,9 @@ MEMBERS = ["h1", "h2", "h3"]
 CHANGEOVER = Path(sys.executable).parent / "changeover"
 
 
-def _changeover(platform: Platform, settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+def _changeover(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI as a platform engineer runs it: the cluster file, the registry and the masters' key by environment."""
-    env = {**os.environ, **settings.as_env(), "CHANGEOVER_REST_KEY_FILE": str(platform.rest_key_file),
-           "COLUMNS": "200"}
+    env = {**os.environ, **settings.as_env(), "COLUMNS": "200"}
     env.pop("CHANGEOVER_DATABASE_URL", None)
     return subprocess.run([str(CHANGEOVER), *args], env=env, capture_output=True, text=True, timeout=600)
 
@@ -121,7 +120,7 @@ def test_a_host_lost_mid_upgrade_stops_the_roll_and_an_abort_brings_back_what_it
                 wait_for(lambda: roll.step(settings, cluster, "platform/lost", 30).done, 600, "the roll",
                          interval=2.0, retryable=())
             lock.release(settings, "platform/lost", "FAILED", "its roll task failed")  # as the finish task does
-            refused = _changeover(platform, settings, "upgrade", "abort", "platform/lost", "--reason", "lost host")
+            refused = _changeover(settings, "upgrade", "abort", "platform/lost", "--reason", "lost host")
             said = " ".join((refused.stdout + refused.stderr).split())
             assert refused.returncode != 0 and re.search(rf"abort of upgrade platform/lost: member {lost} is not back "
                                                          r"in service: .*did not answer over ssh", said), said
@@ -129,7 +128,7 @@ def test_a_host_lost_mid_upgrade_stops_the_roll_and_an_abort_brings_back_what_it
             assert all(status == "ACTIVE" for name, status in reached.items() if name != lost), reached
         finally:
             platform.start_sshd(lost)
-        aborted = _changeover(platform, settings, "upgrade", "abort", "platform/lost", "--reason", "host back")
+        aborted = _changeover(settings, "upgrade", "abort", "platform/lost", "--reason", "host back")
         assert aborted.returncode == 0, aborted.stdout + aborted.stderr
         after = recovery.status(settings, "platform/lost")
         assert after["status"] == "ABORTED" and {m["status"] for m in after["members"]} == {"ACTIVE"}

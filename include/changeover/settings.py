@@ -70,6 +70,7 @@ class Settings:
             "CHANGEOVER_DATABASE_URL_FILE": str(self.write_reference()),
             "CHANGEOVER_RUNTIMES": str(self.runtimes_dir),
             **({"CHANGEOVER_CLUSTER_FILE": str(self.cluster_file)} if self.cluster_file else {}),
+            **({"CHANGEOVER_REST_KEY_FILE": str(self.rest_key_path)} if self.rest_key_path else {}),
         }
 
     def write_reference(self) -> Path:

@@ -221,7 +221,7 @@ def _unaccounted(settings: Settings, membership: Membership, workloads: dict[str
                                .where(JobRun.ended_at.is_(None))))
         members = {m.name: m.version for m in s.scalars(select(Member))}
         # A platform's masters run other teams' work too: there only what Changeover ever launched is judged.
-        shared = getattr(membership, "shared_masters", False)
+        shared = membership.shared_masters
         ever = set(s.execute(select(JobRun.spark_version, JobRun.submission_id)
                              .where(JobRun.submission_id.is_not(None)))) if shared else set()
     drivers = {(version, submission) for version, submission, _ in alive if submission}

@@ -37,6 +37,7 @@ WORKER_TIMEOUT = 30  # s without heartbeats before a master declares a worker lo
 
 
 class LocalCluster(MasterObservation):
+    shared_masters = False  # Changeover starts its masters, and stops one once its group is empty
     def __init__(self, settings: Settings, start_timeout: float = 60.0) -> None:
         self.settings = settings
         self.start_timeout = start_timeout  # for a master or worker to come up before it is stopped again

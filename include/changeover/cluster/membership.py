@@ -25,6 +25,7 @@ class Membership(Protocol):
     """Every verb the control plane, the operators and the CLI use on a cluster; `membership_for` gives one."""
 
     settings: Settings
+    shared_masters: bool  # the masters are a platform's: other teams' work runs there, and they stay up
 
     def master(self, version: str) -> SparkMaster: ...
     def status(self) -> dict[str, Any]: ...

@@ -47,11 +47,11 @@ class MasterSpec:
 
     @property
     def webui_port(self) -> int:
-        return int(urlsplit(self.webui_url).port or 8080)
+        return _port(self.webui_url, 8080)
 
     @property
     def rest_port(self) -> int:
-        return int(urlsplit(self.rest_url).port or 6066)
+        return _port(self.rest_url, 6066)
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class MemberSpec:
 
     @property
     def webui_port(self) -> int:
-        return int(urlsplit(self.worker_ui).port or 8081)
+        return _port(self.worker_ui, 8081)
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,11 @@ def load(path: Path) -> PlatformSpec:
                        f"{', '.join(sorted(FIELDS))}")
     spark_home, python = (str(_field(path, "the file", raw, key)) for key in ("spark_home", "python"))
     return PlatformSpec(path, masters, members, templates, timeout, spark_home, python)
+
+
+def _port(url: str, default: int) -> int:
+    """The URL's port, or Spark's default for that endpoint."""
+    return int(urlsplit(url).port or default)
 
 
 def _mapping(path: Path, raw: dict[str, Any], key: str) -> dict[str, Any]:

@@ -91,7 +91,7 @@ def verify(settings: Settings, cluster: Membership, target: str, upgrade_key: st
                 problems.append(f"member {name} is {m.status if m else 'gone'} at {m.version if m else '?'}")
         in_use = set(s.scalars(select(Member.version).where(Member.status != "STOPPED")))
         for master in s.scalars(select(Master).where(Master.status == "RUNNING")):
-            if master.version not in in_use and master.pid is not None:  # a platform's own masters stay up
+            if master.version not in in_use and not cluster.shared_masters:  # a platform's own masters stay up
                 problems.append(f"the {master.version} master still runs with no members")
     largest = routing.target_version(settings)
     placed = {}
