@@ -8,14 +8,16 @@ One run measures, on the same stateful query (bench/jobs: 10 s windowed counts i
       own checkpoint: the floor of a cold restart;
   (b) Changeover's cold move to 4.3.0 (the job's option warm_moves off: stop, savepoint, launch, first batch);
   (c) Changeover's warm move to 4.3.0 (a standby started and ready on 4.3.0 before the stop);
+  (e) Changeover's zero-downtime move to 4.3.0 (the standby follows the job read-only from a continue savepoint
+      until it has caught up; the job parks and the follower writes from the next batch);
   (d) a whole rolling_upgrade of three members (all at 4.2.0) to 4.3.0 through Airflow (`airflow standalone`:
       scheduler, executor, triggerer, triggered as the UI does), the job's number of moves and the sum of its
       downtimes, beside each member's time back in service and a worker's cold start in the same run.
 
-Commit times are the commit files' times in the checkpoints, for all forms alike. (b), (c) and (d) end exact:
+Commit times are the commit files' times in the checkpoints, for all forms alike. (b) to (e) end exact:
 every window the generator closed is in the output, once, with its true count.
 
-    PYTHONPATH=bench .venv/bin/python bench/downtime.py [--only a,b,c,d]
+    PYTHONPATH=bench .venv/bin/python bench/downtime.py [--only a,b,c,d,e]
 """
 
 from __future__ import annotations
@@ -150,16 +152,17 @@ def counts_checkpoint(settings: Settings, run_id: int) -> Path:
         return Path(run.checkpoint_root) / "counts"
 
 
-def changeover_move(settings: Settings, cluster: Membership, name: str, warm: bool) -> dict[str, Any]:
-    """(b) or (c): the job under Changeover, moved from 4.2.0 to 4.3.0 one step at a time, as a drain moves it."""
+def changeover_move(settings: Settings, cluster: Membership, name: str, warm: bool,
+                    strategy: str = "warm") -> dict[str, Any]:
+    """(b), (c) or (e): the job under Changeover, moved from 4.2.0 to 4.3.0 one step at a time, as a drain moves it."""
     output = settings.home / name / "output"
     generator, run = start_job(settings, cluster, name, warm)
     try:
         before = counts_checkpoint(settings, run.id)
         time.sleep(WARM_UP_SECONDS)  # a measurement window, not a synchronisation
         started = time.monotonic()
-        wait_for(lambda: relocate.step(settings, cluster, name, "4.3.0", reason="bench"), 600,
-                 f"{name} moving to 4.3.0")
+        wait_for(lambda: relocate.step(settings, cluster, name, "4.3.0", reason="bench", strategy=strategy), 600,
+                 f"{name} moving to 4.3.0", interval=0.1)
         moved = time.monotonic() - started
         after_run = jobs.refresh(settings, cluster, name)
         assert after_run is not None and after_run.spark_version == "4.3.0"
@@ -223,7 +226,7 @@ def member_times(settings: Settings) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="a,b,c,d", help="which forms to run, e.g. a,d (the ratios need a)")
+    parser.add_argument("--only", default="a,b,c,d,e", help="which forms to run, e.g. a,d (the ratios need a)")
     forms = set(parser.parse_args().only.split(","))
     settings, _work = scratch_settings("downtime")
     cluster = membership_for(settings)
@@ -236,6 +239,8 @@ def main() -> None:
             results["b"] = changeover_move(settings, cluster, "cold", warm=False)
         if "c" in forms:
             results["c"] = changeover_move(settings, cluster, "warm", warm=True)
+        if "e" in forms:
+            results["e"] = changeover_move(settings, cluster, "zerodowntime", warm=True, strategy="zero_downtime")
     finally:
         cluster.down()
     failed: ChangeoverError | None = None
@@ -255,7 +260,8 @@ def report(results: dict[str, dict[str, Any]]) -> None:
     print(f"{'':44}{'downtime (s)':>14}{'x (a)':>8}  notes")
     if "a" in results:
         print(f"{'(a) bare restart in a new process':44}{floor:>14.2f}{1:>8.2f}")
-    for key, label in (("b", "(b) Changeover, cold move"), ("c", "(c) Changeover, warm move")):
+    for key, label in (("b", "(b) Changeover, cold move"), ("c", "(c) Changeover, warm move"),
+                       ("e", "(e) Changeover, zero-downtime move")):
         if key in results:
             r = results[key]
             print(f"{label:44}{r['downtime']:>14.2f}{r['downtime'] / floor:>8.2f}  "

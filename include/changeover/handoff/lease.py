@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from changeover import audit
 from changeover.registry.db import lock_row, session_scope
@@ -27,7 +28,7 @@ from changeover.timeutil import as_utc
 DEFAULT_LEASE_SECONDS = 120.0
 STANDBY_READY_SECONDS = 240.0  # from a standby's launch to its readiness on a loaded cluster; then the move goes cold
 Decision = Literal["wait", "exit", "resume"]
-StandbyTurn = Literal["wait", "start", "dismissed"]
+StandbyTurn = Literal["wait", "follow", "start", "dismissed"]
 
 
 DEFAULT_LOST_AFTER_SECONDS = 180.0
@@ -247,8 +248,9 @@ def mark_ready(url: str, run_id: int, plans: dict[str, Any] | None) -> bool:
 
 
 def standby_turn(url: str, job: str, run_id: int) -> StandbyTurn:
-    """What a waiting standby does now: start (it was handed the job, its checkpoint root is in its row), keep
-    waiting, or exit (dismissed, or the run it was to succeed is no longer the job's, e.g. stopped by a user)."""
+    """What a waiting standby does now: start (it was handed the job, its checkpoint root is in its row), follow
+    its predecessor read-only (given a checkpoint of its own, `upgrade.zero_downtime`), keep waiting, or exit
+    (dismissed, or the run it was to succeed is no longer the job's, e.g. stopped by a user)."""
     with session_scope(url) as s:
         row = s.get(Job, job)
         run = s.get(JobRun, run_id)
@@ -260,7 +262,27 @@ def standby_turn(url: str, job: str, run_id: int) -> StandbyTurn:
         predecessor = s.get(JobRun, run.standby_of) if run.standby_of else None
         if predecessor is None or row.current_run_id != predecessor.id or predecessor.ended_at is not None:
             return "dismissed"
-        return "wait"
+        return "follow" if run.following_since is not None and run.checkpoint_root else "wait"
+
+
+def followed(url: str, run_id: int) -> tuple[Path, Path] | None:
+    """A following standby's own checkpoint root, and its predecessor's, which it replays; None for one not given a
+    checkpoint to follow with."""
+    with session_scope(url) as s:
+        run = s.get(JobRun, run_id)
+        predecessor = s.get(JobRun, run.standby_of) if run is not None and run.standby_of is not None else None
+        if run is None or run.following_since is None or not run.checkpoint_root or predecessor is None \
+                or not predecessor.checkpoint_root:
+            return None
+        return Path(run.checkpoint_root), Path(predecessor.checkpoint_root)
+
+
+def report_following(url: str, run_id: int, progress: dict[str, int | None]) -> None:
+    """A follower's replayed batches, for the orchestrator and `changeover jobs`. Never a commit time: a follower
+    writes nothing, and a parked run reads a successor's commit as its having taken over."""
+    with session_scope(url) as s:
+        s.execute(update(JobRun).where(JobRun.id == run_id, JobRun.ended_at.is_(None))
+                  .values(progress=dict(progress), heartbeat_at=utcnow()))
 
 
 def end_standby(url: str, job: str, run_id: int, why: str, action: str = "job.standby.end") -> bool:

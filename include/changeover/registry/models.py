@@ -123,6 +123,8 @@ class JobRun(Base):
     epoch: Mapped[int | None] = mapped_column(BigInteger)  # the job's epoch when this run last became its owner
     standby_of: Mapped[int | None] = mapped_column(index=True)  # the run a warm standby is to succeed
     ready_at: Mapped[datetime | None]  # when a standby had its session, executors and plans, ready for a checkpoint
+    # a zero-downtime standby given a checkpoint of its own, replaying its predecessor's batches read-only since
+    following_since: Mapped[datetime | None]
 
     @property
     def parked(self) -> bool:

@@ -168,6 +168,8 @@ def snapshot_pending(source: Path, target: Path, batch: int, prefix: str = "", *
     for relative in relatives:
         folder, name = os.path.split(relative)
         for each in (relative, os.path.join(folder, f".{name}.crc")):
+            if (target / each).exists():  # a log entry is written once: one there already is this one
+                continue
             if (source / each).exists() and materialise(source / each, target / each, link=link) is not None:
                 stats.files[prefix + each] = os.stat(target / each)
     return stats

@@ -32,6 +32,7 @@ from changeover.registry.models import Job, JobRun, utcnow
 from changeover.registry.states import LIVE, Desired, RunState
 from changeover.runtime import checkpoints
 from changeover.runtime.contract import JobContext, Stage
+from changeover.runtime.follower import CannotFollow, Follower
 from changeover.runtime.queries import StageQueries
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
@@ -240,8 +241,8 @@ class Driver:
 
     def await_handoff(self, spark: Any, stages: list[Stage]) -> tuple[Path, dict[str, Any] | None] | None:
         """A warm standby: with the job built, warm the executors and the streaming engine, say so, then wait for
-        the predecessor's checkpoint. Returns (the restored checkpoint root, the stage plans), or None when
-        dismissed: then it has run no query and written nothing."""
+        the predecessor's checkpoint, following it read-only meanwhile when given a checkpoint of its own. Returns
+        (the checkpoint root, the stage plans), or None when dismissed: then it has written nothing."""
         # the orchestrator's deadline runs from the launch, so this one does too: the session's start counts
         if not warm_up(spark, lease.STANDBY_READY_SECONDS - patiently(self.seconds_since_launch, self.registry)):
             patiently(partial(lease.end_standby, self.url, self.job, self.run_id, "not ready within "
@@ -255,7 +256,15 @@ class Driver:
         deadline = time.monotonic() + STANDBY_WAIT_SECONDS
         beat = time.monotonic()
         look = partial(lease.standby_turn, self.url, self.job, self.run_id)
-        while (turn := patiently(look, self.registry)) == "wait":
+        follower: Follower | None = None
+        while (turn := patiently(look, self.registry)) in ("wait", "follow"):
+            if turn == "follow":
+                if follower is None and (roots := patiently(partial(lease.followed, self.url, self.run_id),
+                                                            self.registry)):
+                    follower = Follower(spark, stages, *roots)
+                if follower is not None and self._follow(follower):
+                    beat = time.monotonic()
+                    continue
             if time.monotonic() >= deadline:
                 patiently(partial(lease.end_standby, self.url, self.job, self.run_id, f"not handed its job within "
                                   f"{STANDBY_WAIT_SECONDS:.0f} s of being ready"), self.registry)
@@ -269,10 +278,29 @@ class Driver:
                                       "to succeed is no longer the job's, or its move was withdrawn"), self.registry)
             if ended or patiently(look, self.registry) != "start":  # not ended: handed the job just before
                 return None
+        if follower is None and (roots := patiently(partial(lease.followed, self.url, self.run_id), self.registry)):
+            follower = Follower(spark, stages, *roots)  # handed the job before its first look at it
+        if follower is not None:
+            began = time.monotonic()
+            at = follower.finish()
+            log.info("job %s run %s: handed the job, caught up to %s in %.2f s", self.job, self.run_id, at,
+                     time.monotonic() - began)
         with session_scope(self.url) as s:
             run = s.get(JobRun, self.run_id)
             assert run is not None and run.checkpoint_root
             return Path(run.checkpoint_root), plans
+
+    def _follow(self, follower: Follower) -> bool:
+        """One step of a read-only follower; True when it replayed a batch (and said so). A follower that cannot go
+        on ends itself: the job was never stopped for it, and the orchestrator moves it another way."""
+        try:
+            replayed = follower.step()
+        except CannotFollow as exc:
+            patiently(partial(lease.end_standby, self.url, self.job, self.run_id, str(exc)), self.registry)
+            return False
+        if replayed:
+            patiently(partial(lease.report_following, self.url, self.run_id, follower.committed()), self.registry)
+        return replayed
 
     def run_streaming(self, stages: list[Stage], checkpoint_root: Path, allow_non_restored: bool = False,
                       spark: Any = None, plans: dict[str, Any] | None = None) -> bool:

@@ -34,7 +34,7 @@ from changeover.errors import ChangeoverError
 from changeover.handoff import lease as job_lease
 from changeover.names import check_name, is_safe
 from changeover.registry.db import session_scope
-from changeover.registry.models import Savepoint, UpgradeRun, utcnow
+from changeover.registry.models import JobRun, Savepoint, UpgradeRun, utcnow
 from changeover.registry.records import LIVE, current_run, get_job
 from changeover.registry.states import AT_A_BOUNDARY, Desired
 from changeover.runtime import checkpoints
@@ -156,10 +156,11 @@ class _Source:
     plans: dict[str, Any]  # stage -> its stateful plan, as the driver recorded it
 
 
-def _source(settings: Settings, job_name: str, name: str, mode: str) -> _Source:
+def _source(settings: Settings, job_name: str, name: str, mode: str, of_run: int | None = None) -> _Source:
     with session_scope(settings.database_url) as s:
         job = get_job(s, job_name)
-        run = current_run(s, job)
+        run = current_run(s, job) if of_run is None else s.get(JobRun, of_run)
+        run = run if run is None or run.job == job_name else None
         state = run.state if run else "never launched"
         wanted = AT_A_BOUNDARY if mode == "stop" else (*LIVE, *AT_A_BOUNDARY)
         if run is None or run.state not in wanted or not run.checkpoint_root:
@@ -210,9 +211,11 @@ def take(
     mode: str = "stop",
     upgrade_key: str | None = None,
     exist_ok: bool = False,
+    of_run: int | None = None,
 ) -> Savepoint:
     """Take a savepoint. With exist_ok (a retried task), a completed one of that name is returned, never
-    a second one; otherwise the name must be new."""
+    a second one; otherwise the name must be new. of_run: a `stop` savepoint of that run of the job rather than of
+    its current one (a zero-downtime move's predecessor, stopped on its last batch after the cut-over)."""
     check_name("savepoint", name)
     if mode not in MODES:
         raise ChangeoverError(f"savepoint mode {mode!r}", f"the modes are {', '.join(MODES)}", "pick one of them")
@@ -228,7 +231,7 @@ def take(
                                   "wait for it, or pick another name")
     if existing is not None:
         reconcile(settings)  # a crashed attempt under this name: clear it, then start over
-    source = _source(settings, job_name, name, mode)
+    source = _source(settings, job_name, name, mode, of_run)
     store = settings.savepoint_dir / job_name
     link = checkpoints.same_filesystem(source.root, store)
     _check_space(settings, source, store, link, name)
@@ -421,9 +424,11 @@ def restore(
     rename: dict[str, str] | None = None,
     rewind_sink: bool = False,
     accept_duplicates: bool = False,
+    follower: bool = False,
 ) -> Path:
     """Verify a savepoint (of source_job, by default job_name itself), then lay its stages out, by stage
-    name and through the rename map, in a fresh checkpoint root of job_name."""
+    name and through the rename map, in a fresh checkpoint root of job_name. A follower's checkpoint leaves the
+    sinks as they are: it writes nothing until it has replayed the live run's batches up to the sinks' own."""
     rename = dict(rename or {})
     with session_scope(settings.database_url) as s:
         get_job(s, job_name)
@@ -435,7 +440,7 @@ def restore(
         if old not in stages:
             raise ChangeoverError(f"stage rename {old}={new}", f"savepoint {name!r} has no stage {old!r} "
                                   f"(it has {', '.join(stages)})", "rename one of the savepoint's stages")
-    if (source_job or job_name) == job_name:  # a copy into another job starts its own sinks' ledgers
+    if (source_job or job_name) == job_name and not follower:  # another job's copy starts its own sinks' ledgers
         _align_sinks(settings, job_name, name, path, {rename.get(st, st): info for st, info in stages.items()},
                      rewind_sink, accept_duplicates)
     root = checkpoints.new_checkpoint_root(settings, job_name)
@@ -453,7 +458,7 @@ def restore(
                                   "then resume again")
     with session_scope(settings.database_url) as s:
         audit.record(s, "savepoint.restore", "savepoint", f"{source_job or job_name}/{name}", job=job_name,
-                     into=str(root), rename=rename, rewind_sink=rewind_sink)
+                     into=str(root), rename=rename, rewind_sink=rewind_sink, **({"follower": True} if follower else {}))
     return root
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Literal
 
 from sqlalchemy import or_, select
@@ -18,11 +19,11 @@ from changeover.errors import ChangeoverError
 from changeover.handoff import lease
 from changeover.jobs.intents import ContinueMove, ContinueRun, ReplaceParked
 from changeover.registry.db import lock_row, session_scope
-from changeover.registry.models import Job, JobRun, Member
+from changeover.registry.models import Event, Job, JobRun, Member
 from changeover.registry.states import AT_A_BOUNDARY, LIVE, Desired, MemberStatus, RunState
 from changeover.runtime import checkpoints
 from changeover.settings import Settings
-from changeover.upgrade import warm
+from changeover.upgrade import warm, zero_downtime
 
 Decision = Literal["done", "stopped_by_user", "stop", "save_and_launch", "continue_from_checkpoint", "ended"]
 
@@ -64,12 +65,18 @@ def step(
     reason: str,
     avoid_member: str | None = None,
     upgrade_key: str | None = None,
+    strategy: str | None = None,
+    catch_up: zero_downtime.CatchUp | None = None,
 ) -> bool:
-    """Advance the move of one job. True once it runs (or is launched) on the target version, off avoid_member."""
+    """Advance the move of one job. True once it runs (or is launched) on the target version, off avoid_member.
+    strategy: warm (a standby ready before the stop, where there is room) or zero_downtime (that standby also
+    follows the live run read-only until it has caught up, `upgrade.zero_downtime`); by default the job's option
+    move_strategy, else warm."""
     run = jobs.refresh(settings, membership, job_name)
     with session_scope(settings.database_url) as s:
         job = jobs.get_job(s, job_name)
         desired, options = job.desired, dict(job.options or {})
+    following = zero_downtime.strategy_of(strategy, options) == "zero_downtime"
     if run is None:
         raise ChangeoverError(f"move of job {job_name}", "it was never launched", "submit it first")
 
@@ -79,16 +86,30 @@ def step(
 
     decision = decide(observed(run))
     if decision == "done":
+        predecessor = _followed(settings, run)
+        if predecessor is not None:  # a retry after the hand-over: the cut-over's savepoint is taken once
+            zero_downtime.cutover_savepoint(settings, job_name, predecessor, reason, upgrade_key)
         return True
     if decision == "stopped_by_user":
         raise ChangeoverError(f"move of job {job_name}", "a user stopped it with a savepoint",
                               f"resume it yourself with `changeover submit {job_name} --from-savepoint NAME`")
     if decision == "stop":
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
-        readiness = (warm.prepare(settings, membership, job_name, run, target_version) if desired == Desired.RUN
-                     else _ready_standby(settings, membership, run.id))
+        readiness = (warm.prepare(settings, membership, job_name, run, target_version, following)
+                     if desired == Desired.RUN else _ready_standby(settings, membership, run.id))
         if readiness == "warming":
             return False  # the job runs on while its successor starts
+        if following and readiness == "cold" and desired == Desired.RUN:
+            raise ChangeoverError(f"zero-downtime move of job {job_name} to Spark {target_version}",
+                                  f"no follower can run for it: {_last_cold_reason(settings, job_name, run.id)}; "
+                                  f"the job was not stopped and runs on as run {run.id}",
+                                  "make room on the target group and retry, or move it with the warm strategy, "
+                                  "which goes cold where it must")
+        standby = warm.standby_of(settings, membership, run.id) if readiness == "ready" else None
+        if following and desired == Desired.RUN and standby is not None and not zero_downtime.caught_up(
+                settings, membership, job_name, run, standby, reason, catch_up or zero_downtime.CatchUp(),
+                upgrade_key):
+            return False  # the job runs on while its successor follows it
         savepoints.request_stop(settings, job_name, reason, move=True)
         # A ready standby waits: the downtime runs from here, so the move goes on now, not at the next poll.
         if readiness == "cold" or not warm.wait_parked(settings, job_name, run.id,
@@ -97,6 +118,13 @@ def step(
         run = jobs.observe(settings, membership, run.id)
         decision = decide(observed(run))
     if decision == "save_and_launch":
+        standby = warm.standby_of(settings, membership, run.id)
+        if (standby is not None and standby.following_since is not None and standby.checkpoint_root
+                and standby.spark_version == target_version
+                and warm.hand_over(settings, job_name, standby.id, run.id, run.parks, Path(standby.checkpoint_root),
+                                   str(standby.from_savepoint))):
+            zero_downtime.cutover_savepoint(settings, job_name, run, reason, upgrade_key)
+            return True
         # One savepoint per stop: a run that resumed when its lease ran out and stopped again gets a new one.
         name = f"{reason}-run{run.id}-stop{run.parks}"
         savepoints.take(settings, job_name, name, upgrade_key=upgrade_key, exist_ok=True)
@@ -144,6 +172,22 @@ def withdraw(settings: Settings, membership: Membership, job_name: str, reason: 
         if job.desired == Desired.MOVE:
             job.desired = Desired.RUN
         audit.record(s, "job.stop_withdrawn", "job", job_name, reason=reason, **details)
+
+
+def _last_cold_reason(settings: Settings, job_name: str, run_id: int) -> str:
+    with session_scope(settings.database_url) as s:
+        event = s.scalar(select(Event).where(Event.subject == job_name, Event.action == "job.move.cold")
+                         .order_by(Event.id.desc()).limit(1))
+        details = event.details if event is not None else {}
+        return str(details.get("reason")) if details.get("run") == run_id else "its standby was not ready in time"
+
+
+def _followed(settings: Settings, run: JobRun) -> JobRun | None:
+    """The run a zero-downtime successor replaced, if `run` is one."""
+    if run.following_since is None or run.standby_of is None:
+        return None
+    with session_scope(settings.database_url) as s:
+        return s.get(JobRun, run.standby_of)
 
 
 def _draining(settings: Settings, member: str | None) -> bool:

@@ -65,14 +65,18 @@ def planned_cold_reason(settings: Settings, job_name: str, from_version: str, ta
     return None
 
 
-def cold_reason(settings: Settings, membership: Membership, job_name: str, run: JobRun, target: str) -> str | None:
-    """Why this move cannot be warm, or None when it can."""
+def cold_reason(settings: Settings, membership: Membership, job_name: str, run: JobRun, target: str,
+                follow: bool = False) -> str | None:
+    """Why this move cannot be warm, or None when it can. follow: for a zero-downtime move, a follower that was
+    aborted (it did not catch up in time) does not keep the next try from starting another."""
     planned = planned_cold_reason(settings, job_name, run.spark_version, target)
     if planned is not None:
         return planned
     with session_scope(settings.database_url) as s:
-        tried = s.scalar(select(JobRun).where(JobRun.standby_of == run.id, JobRun.ended_at.is_not(None))
-                         .order_by(JobRun.id.desc()).limit(1))
+        ended = select(JobRun).where(JobRun.standby_of == run.id, JobRun.ended_at.is_not(None))
+        if follow:
+            ended = ended.where(JobRun.following_since.is_(None))
+        tried = s.scalar(ended.order_by(JobRun.id.desc()).limit(1))
         if tried is not None:
             return f"its standby run {tried.id} ended {tried.state} ({tried.error or 'no reason recorded'})"
     members = routing.version_groups(settings).get(target, [])
@@ -89,9 +93,11 @@ def cold_reason(settings: Settings, membership: Membership, job_name: str, run: 
     return None
 
 
-def prepare(settings: Settings, membership: Membership, job_name: str, run: JobRun, target: str) -> Readiness:
+def prepare(settings: Settings, membership: Membership, job_name: str, run: JobRun, target: str,
+            follow: bool = False) -> Readiness:
     """Before a running job is asked to stop for a move: launch its standby on `target`, or see whether it is
-    ready. "cold" when the move cannot be warm (the reason is on record) or its standby was not ready in time."""
+    ready. "cold" when the move cannot be warm (the reason is on record) or its standby was not ready in time.
+    follow: the standby is for a zero-downtime move (`cold_reason`)."""
     standby = standby_of(settings, membership, run.id)
     if standby is not None and standby.spark_version != target:  # the target changed: before the stop, not after
         jobs.dismiss_standby(settings, membership, standby.id, f"the move's target is now {target}")
@@ -104,7 +110,7 @@ def prepare(settings: Settings, membership: Membership, job_name: str, run: JobR
         jobs.dismiss_standby(settings, membership, standby.id, f"not ready within {READY_SECONDS:.0f} s of its "
                              "launch; the job was never stopped, and it moves cold")
         return "cold"
-    why = cold_reason(settings, membership, job_name, run, target)
+    why = cold_reason(settings, membership, job_name, run, target, follow)
     if why is not None:
         with session_scope(settings.database_url) as s:
             audit.record(s, "job.move.cold", "job", job_name, run=run.id, version=target, reason=why)

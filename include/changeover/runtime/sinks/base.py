@@ -89,6 +89,12 @@ class Sink(ABC):
         """Make the sink as it was after `batch` (None: before any), so replayed batches are written again.
         Returns what was done, for the audit."""
 
+    def shadow(self, batch: Any, scratch: Path) -> None:
+        """A read-only follower's stand-in for this sink's write (`runtime.follower`): the batch is computed and its
+        state committed, and nothing reaches the sink. A sink may write it to `scratch` as it would write it, so the
+        follower's first real write finds its writer's classes loaded; the scratch is dropped."""
+        run_without_writing(batch)
+
     @abstractmethod
     def redirected(self, suffix: str) -> Sink:
         """The same sink writing elsewhere, for a read-only run beside the real one."""

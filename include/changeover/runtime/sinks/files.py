@@ -199,6 +199,10 @@ class Files(Sink):
                 record.unlink()
         return f"deleted {len(doomed)} data file(s) written after batch {batch}; log trimmed to batch {batch}"
 
+    def shadow(self, batch: Any, scratch: Path) -> None:
+        writer = batch.write.format(self.format).options(**self.options).mode("overwrite")
+        (writer.partitionBy(*self.partition_by) if self.partition_by else writer).save(str(scratch))
+
     def redirected(self, suffix: str) -> Files:
         return replace(self, path=f"{self.path.rstrip('/')}__{suffix}")
 

@@ -1,0 +1,116 @@
+"""A read-only follower: a standby that keeps a checkpoint of its own one batch behind its predecessor's.
+
+Spark cannot feed a running query offsets from elsewhere, but a query started on a checkpoint whose newest offset
+entry has no commit re-runs exactly that batch: the logged offsets, the logged watermark, the same files. So the
+follower hands itself one committed batch of the predecessor at a time (its offset entry and the source log entries
+it points at, never its commit) and runs the stage once with `Trigger.Once`: the state stores reach that batch's
+version and nothing reaches the user's data. The first replay writes into its sink's shadow (`Sink.shadow`, a
+scratch folder that is dropped), so the first real write later finds the writer warm; the rest into Spark's noop
+sink, which costs least, so the follower keeps up. More than one batch at a time would skip the state of the ones
+between.
+
+At the cut-over the predecessor is parked on a whole batch M: the follower replays up to M, takes the batch the
+predecessor had planned after M if it logged one (so it re-runs with those offsets, as the predecessor would have),
+and its queries then start with the job's own sinks from its own checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from changeover.errors import ChangeoverError
+from changeover.runtime import checkpoints
+from changeover.runtime.contract import Stage
+
+log = logging.getLogger(__name__)
+SHADOW = ".shadow"  # where a sink's stand-in writes what it would write (a dot folder: not a stage)
+
+
+class CannotFollow(ChangeoverError):
+    """The predecessor's checkpoint no longer holds a batch the follower needs (Spark purged its log entry)."""
+
+
+def lag(leader_root: Path, root: Path, stages: list[str]) -> dict[str, int]:
+    """Per stage, how many batches the leader's checkpoint has committed that the follower's has not."""
+    def newest(checkpoint: Path) -> int:
+        found = checkpoints.last_commit(checkpoint)
+        return -1 if found is None else found
+    return {stage: newest(leader_root / stage) - newest(root / stage) for stage in stages}
+
+
+def replayed_since(root: Path, stages: list[str], since: float) -> dict[str, int]:
+    """Per stage, how many batches the follower has committed itself since `since` (a POSIX time): the restored
+    savepoint's commits are links to older files."""
+    def count(commits: Path) -> int:
+        return sum(1 for p in commits.iterdir() if p.name.isdigit() and p.stat().st_mtime >= since) \
+            if commits.is_dir() else 0
+    return {stage: count(root / stage / "commits") for stage in stages}
+
+
+class Follower:
+    def __init__(self, spark: Any, stages: list[Stage], root: Path, leader_root: Path) -> None:
+        self.spark, self.stages, self.root, self.leader_root = spark, stages, root, leader_root
+        self.replay_seconds: list[float] = []
+        self.shadowed: set[str] = set()  # stages whose sink's shadow has written a batch
+
+    def committed(self) -> dict[str, int | None]:
+        return {stage.name: checkpoints.last_commit(self.root / stage.name) for stage in self.stages}
+
+    def step(self) -> bool:
+        """Replay the next committed batch of every stage that is behind. True when any was replayed."""
+        replayed = False
+        for stage in self.stages:
+            own = checkpoints.last_commit(self.root / stage.name)
+            lead = checkpoints.last_commit(self.leader_root / stage.name)
+            if lead is not None and (own is None or own < lead):
+                self._replay(stage, 0 if own is None else own + 1)
+                replayed = True
+        return replayed
+
+    def finish(self) -> dict[str, int | None]:
+        """At the cut-over, with the predecessor parked: replay up to its last commit, then take the batch it planned
+        next, if any, for the job's own sinks to run. Returns the batch each stage is at."""
+        while self.step():
+            pass
+        shutil.rmtree(self.root / SHADOW, ignore_errors=True)
+        for stage in self.stages:
+            own = checkpoints.last_commit(self.root / stage.name)
+            checkpoints.snapshot_pending(self.leader_root / stage.name, self.root / stage.name,
+                                         -1 if own is None else own, link=True)
+        return self.committed()
+
+    def _replay(self, stage: Stage, batch: int) -> None:
+        leader, own = self.leader_root / stage.name, self.root / stage.name
+        if not (leader / "offsets" / str(batch)).exists():
+            raise CannotFollow(f"following stage {stage.name} at batch {batch}",
+                               f"the predecessor's checkpoint {leader} no longer holds that batch's offsets (Spark "
+                               "keeps the newest spark.sql.streaming.minBatchesToRetain)",
+                               "move the job with the warm strategy, or start the follower from a newer savepoint")
+        if not (own / "metadata").exists():  # a stage the savepoint had no commit of: the same query id
+            own.mkdir(parents=True, exist_ok=True)
+            shutil.copy(leader / "metadata", own / "metadata")
+        checkpoints.snapshot_pending(leader, own, batch - 1, link=True)
+        began = time.monotonic()
+        writer = stage.frame.writeStream
+        if stage.name in self.shadowed:  # its writer is warm: the rest compute their batch only, to keep up
+            writer = writer.format("noop")
+        else:
+            scratch = self.root / SHADOW / stage.name
+            writer = writer.foreachBatch(lambda frame, _batch: stage.sink.shadow(frame, scratch))
+        query = (writer.outputMode(stage.output_mode).queryName(f"{stage.name}_follower")
+                 .option("checkpointLocation", str(own)).trigger(once=True).start())
+        query.awaitTermination()
+        failure = query.exception()
+        if failure is not None:
+            raise failure
+        if checkpoints.last_commit(own) != batch:
+            raise ChangeoverError(f"replay of batch {batch} of stage {stage.name}", f"its checkpoint {own} committed "
+                                  f"{checkpoints.last_commit(own)} instead", "end the follower; the job moves warm")
+        self.shadowed.add(stage.name)
+        self.replay_seconds.append(time.monotonic() - began)
+        log.info("follower: stage %s replayed batch %d read-only in %.2f s", stage.name, batch,
+                 self.replay_seconds[-1])

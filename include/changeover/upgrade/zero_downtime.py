@@ -1,0 +1,129 @@
+"""Zero-downtime moves (seed 001): the successor hydrates read-only, and takes over only once it has caught up.
+
+A warm move's standby has its session and executors before the job stops, but restores the state and runs its first
+batch only after. Here the ready standby is first given a checkpoint of its own, a `continue` savepoint of the live
+run restored, and replays the live run's committed batches into Spark's noop sink (`runtime.follower`) while the live
+run keeps writing. Once it is within `batches` of the live run on every stage, the move goes on as a warm move does:
+the live run parks on its next whole batch, and the standby is handed the job (the fencing epoch rises), replays up to
+that batch and writes from the next one. The cut-over's savepoint, for a rollback, is taken of the parked run after the
+hand-over, off the job's downtime. A follower that has not caught up by its deadline is ended and its checkpoint
+removed; the live run was never stopped.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from changeover import audit, savepoints
+from changeover.cluster import Membership, wait_for
+from changeover.errors import ChangeoverError
+from changeover.jobs import dismiss_standby
+from changeover.registry.db import lock_row, session_scope
+from changeover.registry.models import Job, JobRun, utcnow
+from changeover.runtime import checkpoints
+from changeover.runtime.follower import lag, replayed_since
+from changeover.settings import Settings
+from changeover.timeutil import as_utc
+
+STRATEGIES = ("warm", "zero_downtime")
+ENDED_DRIVER = ("FINISHED", "FAILED", "KILLED", "ERROR", "UNKNOWN")
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """When a follower counts as caught up, and how long it has: within `batches` of the live run on every stage,
+    having replayed `warm_batches` itself (its first replays compile the plan and load the state: a cut-over then
+    would put them in the job's downtime)."""
+
+    seconds: float = 300.0
+    batches: int = 0
+    warm_batches: int = 2
+
+
+def strategy_of(asked: str | None, options: dict[str, Any]) -> str:
+    """The move's strategy: the one asked for (a DAG's Param), else the job's option move_strategy, else warm."""
+    chosen = asked or options.get("move_strategy") or "warm"
+    if chosen not in STRATEGIES:
+        raise ChangeoverError(f"move strategy {chosen!r}", f"the strategies are {', '.join(STRATEGIES)}",
+                              "pick one of them (the DAG's strategy Param, or the job's option move_strategy)")
+    return str(chosen)
+
+
+def caught_up(settings: Settings, membership: Membership, job_name: str, run: JobRun, standby: JobRun,
+              reason: str, catch_up: CatchUp, upgrade_key: str | None = None) -> bool:
+    """True once the ready standby follows the live run within `catch_up.batches` on every stage. The first call
+    gives it its checkpoint. Past the deadline the follower is aborted and this raises: the live run never stopped."""
+    if standby.following_since is None:
+        name = f"{reason}-run{run.id}-follow{standby.id}"
+        savepoints.take(settings, job_name, name, mode="continue", upgrade_key=upgrade_key, exist_ok=True)
+        root = savepoints.restore(settings, job_name, name, follower=True)
+        if not _start_following(settings, job_name, standby.id, root, name):
+            shutil.rmtree(root, ignore_errors=True)
+        return False
+    assert run.checkpoint_root and standby.checkpoint_root
+    stages = checkpoints.stage_names(Path(run.checkpoint_root))
+    behind = lag(Path(run.checkpoint_root), Path(standby.checkpoint_root), stages)
+    waited = (utcnow() - as_utc(standby.following_since)).total_seconds()
+    replayed = replayed_since(Path(standby.checkpoint_root), stages, as_utc(standby.following_since).timestamp())
+    if all(n <= catch_up.batches for n in behind.values()) and min(replayed.values()) >= catch_up.warm_batches:
+        with session_scope(settings.database_url) as s:
+            audit.record(s, "job.follow.caught_up", "job", job_name, run=standby.id, follows=run.id, behind=behind,
+                         seconds=round(waited, 1))
+        return True
+    if waited < catch_up.seconds:
+        return False
+    why = (f"its follower run {standby.id} was still {behind} batch(es) behind the live run {run.id} after "
+           f"{waited:.0f} s (it must be within {catch_up.batches})")
+    abort(settings, membership, job_name, standby, why)
+    raise ChangeoverError(f"zero-downtime move of job {job_name}", f"{why}; the follower was ended and its "
+                          f"checkpoint removed, and the job was never stopped: it runs on as run {run.id}",
+                          "retry with a longer catch_up_seconds, give the target group more cores, or move it with "
+                          "the warm strategy")
+
+
+def _start_following(settings: Settings, job_name: str, standby_id: int, root: Path, savepoint: str) -> bool:
+    """Give the standby its own checkpoint; False when it ended, or was given one, meanwhile."""
+    with session_scope(settings.database_url) as s:
+        lock_row(s, Job, job_name)
+        standby = s.get(JobRun, standby_id)
+        if standby is None or standby.ended_at is not None or standby.following_since is not None:
+            return False
+        standby.checkpoint_root, standby.following_since, standby.from_savepoint = str(root), utcnow(), savepoint
+        audit.record(s, "job.follow.start", "job", job_name, run=standby_id, follows=standby.standby_of,
+                     from_savepoint=savepoint, checkpoint=str(root))
+        return True
+
+
+def abort(settings: Settings, membership: Membership, job_name: str, standby: JobRun, why: str) -> None:
+    """End a follower that will not be handed its job, wait for its driver to end, and remove its checkpoint."""
+    dismiss_standby(settings, membership, standby.id, why)
+    if standby.submission_id is not None:
+        master = membership.master(standby.spark_version)
+        wait_for(lambda: master.status(str(standby.submission_id)).state in ENDED_DRIVER, 120,
+                 f"the driver of follower run {standby.id} ending")
+    if standby.checkpoint_root:
+        shutil.rmtree(standby.checkpoint_root, ignore_errors=True)
+    with session_scope(settings.database_url) as s:
+        audit.record(s, "job.move.zero_downtime.abort", "job", job_name, outcome="aborted", run=standby.id,
+                     reason=why, checkpoint_removed=standby.checkpoint_root)
+
+
+def cutover_savepoint(settings: Settings, job_name: str, predecessor: JobRun, reason: str,
+                      upgrade_key: str | None) -> str | None:
+    """The savepoint of the run a follower replaced, at the batch it parked on: what a rollback resumes from. Taken
+    after the hand-over, so the job's downtime does not wait on it; safe to repeat. None when that run is no longer
+    at that boundary (it reclaimed the job: the follower ended before writing)."""
+    name = f"{reason}-run{predecessor.id}-stop{predecessor.parks}"
+    try:
+        savepoints.take(settings, job_name, name, mode="stop", upgrade_key=upgrade_key, exist_ok=True,
+                        of_run=predecessor.id)
+    except ChangeoverError:
+        with session_scope(settings.database_url) as s:
+            run = s.get(JobRun, predecessor.id)
+            if run is not None and run.parks == predecessor.parks and run.state in ("PARKED", "STOPPED"):
+                raise
+        return None
+    return name
