@@ -23,11 +23,12 @@ from changeover.errors import ChangeoverError
 from changeover.jobs import move_history
 from changeover.jobs.spark_settings import SparkSettings
 from changeover.registry.db import session_scope
-from changeover.registry.models import SinkLedger
+from changeover.registry.models import JobRun, SinkLedger
 from changeover.runtime import KeyedTable
 from changeover.runtime.sinks.files import LOG, log_entries
 from changeover.settings import Settings
 from changeover.upgrade import relocate, warm
+from changeover.upgrade.zero_downtime import CatchUp
 from conftest import ONE_REGISTRY, registry_settings
 from guide_words import GUIDE_JOB, Words, parquet_counts
 from jobs import click_audit, click_joins, clicks
@@ -255,3 +256,80 @@ def test_an_unchanged_script_runs_as_a_batch_job_with_its_own_spark_settings(liv
         "spark.executor.memory": "640m", "spark.sql.shuffle.partitions": "7",
         "spark.changeover.test.marker": "on", "counted": 1000}
     assert str(jar) in found["spark.jars"]
+
+
+def test_the_guides_count_moves_with_zero_downtime_its_follower_writing_from_the_parked_batch_on(
+        live: Cluster, tmp_path: Path) -> None:
+    """Issue 27's move: the standby on 4.3.0 follows the running job read-only from a continue savepoint, writing
+    nothing, until it has caught up; then the job parks on a whole batch M and the follower, handed the job, writes
+    from M + 1. Every batch lands in the file sink once, the old run's up to M and the follower's after it, the
+    cut-over's savepoint of the parked run is there for a rollback, and the output is exact."""
+    words, output = Words(tmp_path / "words"), tmp_path / "out" / "counts"
+    for _ in range(6):
+        words.write()
+    first = jobs.submit(live.settings, live.cluster, str(GUIDE_JOB), "zerodowntime",
+                        options={"words": str(words.folder), "output": str(output)})
+    jobs.wait_until_committed(live.settings, live.cluster, "zerodowntime")
+    with words.writing(interval=1.0):
+        wait_for(lambda: relocate.step(live.settings, live.cluster, "zerodowntime", "4.3.0", reason="upgrade",
+                                       strategy="zero_downtime"), 420, "zerodowntime moving to 4.3.0",
+                 interval=0.2, retryable=())
+        follower = jobs.refresh(live.settings, live.cluster, "zerodowntime")
+        assert follower.spark_version == "4.3.0" and follower.standby_of == first.id
+        assert follower.following_since is not None
+        jobs.wait_until_committed(live.settings, live.cluster, "zerodowntime")
+    events = [e for e in audit.find(live.settings.database_url, job="zerodowntime") if e.action in (
+        "job.follow.start", "job.follow.caught_up", "job.request_stop", "job.park", "job.hand_over")]
+    assert [e.action for e in events] == ["job.follow.start", "job.follow.caught_up", "job.request_stop",
+                                          "job.park", "job.hand_over"], [e.action for e in events]
+    parked_at = int(events[3].details["progress"]["windowed_counts"])
+    words.flush()
+    truth = words.truth()
+    wait_for(lambda: parquet_counts(output) == truth, 300, "every closed window in the parquet output")
+    writers: dict[int, list[int]] = {}
+    for record in (output / "_changeover_batches").iterdir():
+        batch, run = record.name.split(".run")
+        writers.setdefault(int(run), []).append(int(batch))
+    assert set(writers) == {first.id, follower.id}, writers
+    assert max(writers[first.id]) == parked_at < min(writers[follower.id]), (parked_at, writers)
+    every = sorted(writers[first.id] + writers[follower.id])
+    assert len(every) == len(set(every)), "a batch written twice"
+    with session_scope(live.settings.database_url) as s:
+        cutover = savepoints.get_savepoint(s, "zerodowntime", f"upgrade-run{first.id}-stop1")
+        assert cutover.status == "COMPLETED" and cutover.stages == {"windowed_counts": parked_at}
+    jobs.cancel(live.settings, live.cluster, "zerodowntime", reason="test finished with it")
+
+
+def test_a_follower_too_slow_to_catch_up_is_aborted_and_the_live_run_never_stops(live: Cluster,
+                                                                                 tmp_path: Path) -> None:
+    """The abort path: the job's code is slow on 4.3.0 (50 ms an event), so its follower there falls further behind
+    the live run with every batch. Past the catch-up deadline the move is refused, the follower ended and its
+    checkpoint removed; the live run was never asked to stop, and its output is exact."""
+    job = "tooslow"
+    options = {"landing": str(tmp_path / "landing"), "slow_on": "4.3.0"}
+    generator = Generator(tmp_path / "landing")
+    generator.write_file()
+    generator.start(interval=0.5)
+    try:
+        first = jobs.submit(live.settings, live.cluster, str(USER_JOBS / "breaks_on_new_spark.py"), job,
+                            options=options)
+        jobs.wait_until_committed(live.settings, live.cluster, job)
+        with pytest.raises(ChangeoverError, match=r"was still .* behind the live run .* the job was never stopped"):
+            wait_for(lambda: relocate.step(live.settings, live.cluster, job, "4.3.0", reason="upgrade",
+                                           strategy="zero_downtime", catch_up=CatchUp(seconds=40)), 400,
+                     f"{job}'s follower", interval=0.5, retryable=())
+    finally:
+        generator.stop()
+    actions = [e.action for e in audit.find(live.settings.database_url, job=job)]
+    assert "job.follow.start" in actions and "job.move.zero_downtime.abort" in actions, actions
+    assert "job.request_stop" not in actions and "job.park" not in actions, actions
+    run = jobs.refresh(live.settings, live.cluster, job)
+    assert (run.id, run.state, run.parks) == (first.id, "RUNNING", 0)
+    with session_scope(live.settings.database_url) as s:
+        followers = list(s.scalars(select(JobRun).where(JobRun.standby_of == first.id)))
+    assert len(followers) == 1 and followers[0].state == "STOPPED" and followers[0].following_since is not None
+    assert not Path(str(followers[0].checkpoint_root)).exists(), "the follower's checkpoint was not removed"
+    table = KeyedTable(live.settings.database_url, f"{job}_totals", keys=("key",))
+    wait_for(lambda: {r["key"]: int(r["count"]) for r in table.read()} == dict(generator.truth), 300,
+             f"job {job} counting every generated event on 4.2.0")
+    jobs.cancel(live.settings, live.cluster, job, reason="test finished with it")

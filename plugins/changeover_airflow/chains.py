@@ -35,6 +35,14 @@ def upgrade_params(target_description: str, **extra: Param) -> dict[str, Param]:
         "surge": Param(0, type="integer", minimum=0, maximum=3,
                        description="Temporary members at the target version for the length of the upgrade, so "
                                    "capacity does not drop while each member drains (removed at the end)."),
+        "move_strategy": Param("warm", enum=["warm", "zero_downtime"],
+                               description="How each job moves. warm: its successor starts before the job stops, "
+                                           "and the job is down from its stop to the successor's first batch. "
+                                           "zero_downtime: the successor also replays the job's batches read-only "
+                                           "until it has caught up, then takes over from the next batch."),
+        "catch_up_seconds": Param(300, type="integer", minimum=10,
+                                  description="zero_downtime: how long a successor has to catch up before its move "
+                                              "is aborted (the job keeps running where it is)."),
         "dry_run": Param(False, type="boolean", description="Only check and print the plan."),
         "connection": Param(ChangeoverHook.default_conn_name, type="string", minLength=1,
                             description="The Changeover connection of the cluster and registry to upgrade (its "
@@ -63,7 +71,9 @@ def upgrade_chain(
                                    savepoint_name="upgrade-check-{{ run_id | replace(':', '') | replace('+', '') }}",
                                    **conn),
         RollingUpgradeOperator(task_id="roll", shutdown_timeout="{{ params.shutdown_timeout }}", window=window,
-                               drain_needs_seconds=drain_needs_seconds, surge="{{ params.surge }}", **conn),
+                               drain_needs_seconds=drain_needs_seconds, surge="{{ params.surge }}",
+                               move_strategy="{{ params.move_strategy }}",
+                               catch_up_seconds="{{ params.catch_up_seconds }}", **conn),
         RebalanceJobsOperator(task_id="rebalance", **conn),
         VerifyUpgradeOperator(task_id="verify", target_version=target, **conn),
         # all_done: whatever failed upstream, an upgrade not verified by now ends FAILED and frees the lock

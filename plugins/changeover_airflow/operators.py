@@ -15,6 +15,7 @@ from changeover.jobs import code_update
 from changeover.settings import Settings
 from changeover.upgrade import lock, maintenance, member_upgrade, roll, verify
 from changeover.upgrade.windows import DrainWindow
+from changeover.upgrade.zero_downtime import CatchUp
 
 from changeover_airflow.hooks import ChangeoverHook
 from changeover_airflow.triggers import ReconcileTrigger
@@ -137,7 +138,8 @@ class RollingUpgradeOperator(ChangeoverOperator):
     """
 
     upgrade_step = True
-    template_fields: Sequence[str] = ("changeover_conn_id", "shutdown_timeout", "drain_needs_seconds", "surge")
+    template_fields: Sequence[str] = ("changeover_conn_id", "shutdown_timeout", "drain_needs_seconds", "surge",
+                                      "move_strategy", "catch_up_seconds")
 
     def __init__(
         self,
@@ -147,10 +149,14 @@ class RollingUpgradeOperator(ChangeoverOperator):
         drain_needs_seconds: Any = 0,
         roll_timeout: float = 3600,
         surge: Any = 0,
+        move_strategy: Any = None,
+        catch_up_seconds: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.surge = surge  # temporary members at the target for the upgrade's length
+        self.move_strategy = move_strategy  # warm or zero_downtime; None: each job's option
+        self.catch_up_seconds = catch_up_seconds
         self.shutdown_timeout = shutdown_timeout
         self.window = window  # a drain window: no member's drain starts, or goes on, outside it
         self.drain_needs_seconds = drain_needs_seconds
@@ -165,7 +171,8 @@ class RollingUpgradeOperator(ChangeoverOperator):
         try:
             status = roll.step(settings, cluster, upgrade_key(context), timeout, window=window,
                                drain_needs_seconds=float(self.drain_needs_seconds or 0),
-                               surge=int(self.surge or 0))
+                               surge=int(self.surge or 0), move_strategy=self.move_strategy or None,
+                               catch_up=CatchUp(float(self.catch_up_seconds or CatchUp.seconds)))
         except NeedsOperator as exc:  # a retry would meet the same refusal: fail now, with what to do
             from airflow.sdk.exceptions import AirflowFailException
 

@@ -1,9 +1,11 @@
 """A user's job whose code breaks on a newer Spark: it counts click events per key into a keyed table (and, with the
 option `output`, also writes each event to parquet files), but a function it applies fails on the version its
-`broken_on` option names, as a call removed in that version would, on the first batch it runs there."""
+`broken_on` option names, as a call removed in that version would, on the first batch it runs there. With the option
+`slow_on` it runs on that version instead, but slowly (a call that became expensive there): 50 ms an event."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from changeover.runtime import Files, JobContext, KeyedTable, Stage
@@ -13,11 +15,14 @@ from pyspark.sql import functions as F
 
 def build(spark: Any, ctx: JobContext) -> list[Stage]:
     broken = spark.version == ctx.options.get("broken_on")
+    slow = spark.version == ctx.options.get("slow_on")
 
     @F.udf("string")
     def checked(key: str) -> str:
         if broken:
             raise RuntimeError(f"this job's code does not run on Spark {ctx.options['broken_on']}")
+        if slow:
+            time.sleep(0.05)
         return key
 
     events = spark.readStream.schema("key string, ts timestamp, seq long").json(ctx.options["landing"])

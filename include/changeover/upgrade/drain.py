@@ -25,7 +25,7 @@ from changeover.registry.models import STOPPING, Event, Job, JobRun, LightJob, M
 from changeover.registry.states import Desired, MemberStatus, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from changeover.upgrade import placement, relocate, warm
+from changeover.upgrade import placement, relocate, warm, zero_downtime
 
 BUSY = ("DRAINING", "DRAINED", "UPGRADING")
 
@@ -305,11 +305,12 @@ def _warming(settings: Settings, membership: Membership, run: JobRun) -> bool:
 def _move(settings: Settings, membership: Membership, member: str, names: list[str], upgrade_key: str | None) -> None:
     """The next step of each job's move (`relocate.step`): one job that cannot move does not hold back the others."""
     targets = destinations(settings, membership, names, upgrade_key)
+    strategy, catch_up = zero_downtime.for_upgrade(settings, upgrade_key)
     refused: list[ChangeoverError] = []
     for name in names:
         try:
             if relocate.step(settings, membership, name, targets[name], reason=f"drain-{member}",
-                             avoid_member=member, upgrade_key=upgrade_key):
+                             avoid_member=member, upgrade_key=upgrade_key, strategy=strategy, catch_up=catch_up):
                 _record(settings, "drain.saved", member, name, resumed_on=targets[name])
         except ChangeoverError as exc:
             refused.append(exc)

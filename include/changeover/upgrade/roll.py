@@ -19,7 +19,7 @@ from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Member, UpgradeRun, utcnow
 from changeover.registry.states import MemberStatus, UpgradePhase
 from changeover.settings import Settings
-from changeover.upgrade import drain, lock, maintenance, member_upgrade, surges
+from changeover.upgrade import drain, lock, maintenance, member_upgrade, surges, zero_downtime
 from changeover.upgrade.windows import DrainWindow, may_start_drain
 
 PENDING, DRAINING, UPGRADED, SKIPPED = UpgradePhase.PENDING, UpgradePhase.DRAINING, UpgradePhase.UPGRADED, \
@@ -63,14 +63,18 @@ def step(
     drain_needs_seconds: float = 0.0,
     now: datetime | None = None,
     surge: int = 0,
+    move_strategy: str | None = None,
+    catch_up: zero_downtime.CatchUp | None = None,
 ) -> RollStatus:
     """Advance the roll as far as it goes without waiting. Returns what it waits on, or done. With surge, that
     many temporary members join at the target version before the first drain, so capacity never drops below
-    what the fleet had, and leave once every member is upgraded."""
+    what the fleet had, and leave once every member is upgraded. move_strategy: how its drains move jobs
+    (`relocate.step`), recorded with the upgrade by its first try."""
     lock.require_active(settings, upgrade_key)
     with session_scope(settings.database_url) as s:
         run = lock.started(s, upgrade_key)
         target, order = run.target_version, list((run.progress or {}).get("order", []))
+    zero_downtime.record_for_upgrade(settings, upgrade_key, move_strategy, catch_up or zero_downtime.CatchUp())
     if surge:
         surges.add(settings, cluster, upgrade_key, target, surge)
     for member in order:

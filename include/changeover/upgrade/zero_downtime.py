@@ -17,16 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
 from changeover import audit, savepoints
 from changeover.cluster import Membership, wait_for
 from changeover.errors import ChangeoverError
 from changeover.jobs import dismiss_standby
 from changeover.registry.db import lock_row, session_scope
-from changeover.registry.models import Job, JobRun, utcnow
+from changeover.registry.models import Job, JobRun, UpgradeRun, utcnow
 from changeover.runtime import checkpoints
 from changeover.runtime.follower import lag, replayed_since
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
+from changeover.upgrade import lock
 
 STRATEGIES = ("warm", "zero_downtime")
 ENDED_DRIVER = ("FINISHED", "FAILED", "KILLED", "ERROR", "UNKNOWN")
@@ -41,6 +44,34 @@ class CatchUp:
     seconds: float = 300.0
     batches: int = 0
     warm_batches: int = 2
+
+
+def record_for_upgrade(settings: Settings, upgrade_key: str, strategy: str | None, catch_up: CatchUp) -> None:
+    """An upgrade's moves follow the strategy its run was triggered with: kept in its progress, once, for its drains
+    (the first try's choice stands for its retries)."""
+    if strategy is None:
+        return
+    strategy_of(strategy, {})
+    with session_scope(settings.database_url) as s:
+        run = lock_row(s, UpgradeRun, lock.started(s, upgrade_key).id)
+        progress = dict(run.progress or {})
+        if "moves" in progress:
+            return
+        progress["moves"] = {"strategy": strategy, "catch_up_seconds": catch_up.seconds,
+                             "catch_up_batches": catch_up.batches}
+        run.progress = progress
+        audit.record(s, "upgrade.moves", "upgrade", upgrade_key, **progress["moves"])
+
+
+def for_upgrade(settings: Settings, upgrade_key: str | None) -> tuple[str | None, CatchUp]:
+    """The move strategy an upgrade was triggered with (None: each job's own option), and its catch-up."""
+    if upgrade_key is None:
+        return None, CatchUp()
+    with session_scope(settings.database_url) as s:
+        run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
+        moves = dict(((run.progress or {}) if run is not None else {}).get("moves") or {})
+    return moves.get("strategy"), CatchUp(float(moves.get("catch_up_seconds", CatchUp.seconds)),
+                                          int(moves.get("catch_up_batches", CatchUp.batches)))
 
 
 def strategy_of(asked: str | None, options: dict[str, Any]) -> str:
