@@ -282,7 +282,7 @@ class Driver:
             follower = Follower(spark, stages, *roots)  # handed the job before its first look at it
         if follower is not None:
             began = time.monotonic()
-            at = follower.finish()
+            at = follower.finish(lambda: patiently(self.heartbeat, self.registry))
             log.info("job %s run %s: handed the job, caught up to %s in %.2f s", self.job, self.run_id, at,
                      time.monotonic() - began)
         with session_scope(self.url) as s:

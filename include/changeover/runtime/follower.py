@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,20 @@ from changeover.runtime.contract import Stage
 
 log = logging.getLogger(__name__)
 SHADOW = ".shadow"  # where a sink's stand-in writes what it would write (a dot folder: not a stage)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.read_bytes() == b.read_bytes()
+    except FileNotFoundError:
+        return False
+
+
+def _same_query(leader: Path, own: Path) -> None:
+    """A stage the savepoint had no commit of gets the predecessor's query id: the same query, continued."""
+    if (leader / "metadata").exists() and not (own / "metadata").exists():
+        own.mkdir(parents=True, exist_ok=True)
+        shutil.copy(leader / "metadata", own / "metadata")
 
 
 class CannotFollow(ChangeoverError):
@@ -71,14 +86,16 @@ class Follower:
                 replayed = True
         return replayed
 
-    def finish(self) -> dict[str, int | None]:
-        """At the cut-over, with the predecessor parked: replay up to its last commit, then take the batch it planned
-        next, if any, for the job's own sinks to run. Returns the batch each stage is at."""
+    def finish(self, replayed: Callable[[], None] = lambda: None) -> dict[str, int | None]:
+        """At the cut-over, with the predecessor parked: replay up to its last commit (calling `replayed` after each
+        round, for the driver's heartbeat), then take the batch it planned next, if any, for the job's own sinks to
+        run. Returns the batch each stage is at."""
         while self.step():
-            pass
+            replayed()
         shutil.rmtree(self.root / SHADOW, ignore_errors=True)
         for stage in self.stages:
             own = checkpoints.last_commit(self.root / stage.name)
+            _same_query(self.leader_root / stage.name, self.root / stage.name)
             checkpoints.snapshot_pending(self.leader_root / stage.name, self.root / stage.name,
                                          -1 if own is None else own, link=True)
         return self.committed()
@@ -90,10 +107,12 @@ class Follower:
                                f"the predecessor's checkpoint {leader} no longer holds that batch's offsets (Spark "
                                "keeps the newest spark.sql.streaming.minBatchesToRetain)",
                                "move the job with the warm strategy, or start the follower from a newer savepoint")
-        if not (own / "metadata").exists():  # a stage the savepoint had no commit of: the same query id
-            own.mkdir(parents=True, exist_ok=True)
-            shutil.copy(leader / "metadata", own / "metadata")
+        _same_query(leader, own)
         checkpoints.snapshot_pending(leader, own, batch - 1, link=True)
+        if not _same_file(own / "offsets" / str(batch), leader / "offsets" / str(batch)):
+            # purged meanwhile, or another entry: Spark would plan a batch of its own, and the state would diverge
+            raise CannotFollow(f"following stage {stage.name} at batch {batch}", "its offset entry in the follower's "
+                               "checkpoint is not the predecessor's", "move the job with the warm strategy")
         began = time.monotonic()
         writer = stage.frame.writeStream
         if stage.name in self.shadowed:  # its writer is warm: the rest compute their batch only, to keep up

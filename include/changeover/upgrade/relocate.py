@@ -183,11 +183,13 @@ def _last_cold_reason(settings: Settings, job_name: str, run_id: int) -> str:
 
 
 def _followed(settings: Settings, run: JobRun) -> JobRun | None:
-    """The run a zero-downtime successor replaced, if `run` is one."""
+    """The run a zero-downtime successor replaced, while it is still parked on the cut-over's batch (once it has
+    exited, the hand-over's own try took the savepoint, or a retry did)."""
     if run.following_since is None or run.standby_of is None:
         return None
     with session_scope(settings.database_url) as s:
-        return s.get(JobRun, run.standby_of)
+        predecessor = s.get(JobRun, run.standby_of)
+        return predecessor if predecessor is not None and predecessor.parked else None
 
 
 def _draining(settings: Settings, member: str | None) -> bool:

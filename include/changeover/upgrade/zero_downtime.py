@@ -32,7 +32,7 @@ from changeover.timeutil import as_utc
 from changeover.upgrade import lock
 
 STRATEGIES = ("warm", "zero_downtime")
-ENDED_DRIVER = ("FINISHED", "FAILED", "KILLED", "ERROR", "UNKNOWN")
+ENDED_DRIVER = ("FINISHED", "FAILED", "KILLED", "ERROR")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ def caught_up(settings: Settings, membership: Membership, job_name: str, run: Jo
     behind = lag(Path(run.checkpoint_root), Path(standby.checkpoint_root), stages)
     waited = (utcnow() - as_utc(standby.following_since)).total_seconds()
     replayed = replayed_since(Path(standby.checkpoint_root), stages, as_utc(standby.following_since).timestamp())
-    if all(n <= catch_up.batches for n in behind.values()) and min(replayed.values()) >= catch_up.warm_batches:
+    # warm: its replays compiled the plans and loaded the state; a stage with no input meanwhile has none to replay
+    if all(n <= catch_up.batches for n in behind.values()) and max(replayed.values()) >= catch_up.warm_batches:
         with session_scope(settings.database_url) as s:
             audit.record(s, "job.follow.caught_up", "job", job_name, run=standby.id, follows=run.id, behind=behind,
                          seconds=round(waited, 1))
@@ -130,16 +131,18 @@ def _start_following(settings: Settings, job_name: str, standby_id: int, root: P
 
 def abort(settings: Settings, membership: Membership, job_name: str, standby: JobRun, why: str) -> None:
     """End a follower that will not be handed its job, wait for its driver to end, and remove its checkpoint."""
-    dismiss_standby(settings, membership, standby.id, why)
+    if not dismiss_standby(settings, membership, standby.id, why):
+        return  # handed the job meanwhile (another try's cut-over): its checkpoint is the job's now
+    removed = standby.checkpoint_root if standby.submission_id is not None else None
     if standby.submission_id is not None:
         master = membership.master(standby.spark_version)
         wait_for(lambda: master.status(str(standby.submission_id)).state in ENDED_DRIVER, 120,
                  f"the driver of follower run {standby.id} ending")
-    if standby.checkpoint_root:
-        shutil.rmtree(standby.checkpoint_root, ignore_errors=True)
+    if removed:  # a driver whose submission is unknown may still write there: the leak checker's, then
+        shutil.rmtree(removed, ignore_errors=True)
     with session_scope(settings.database_url) as s:
         audit.record(s, "job.move.zero_downtime.abort", "job", job_name, outcome="aborted", run=standby.id,
-                     reason=why, checkpoint_removed=standby.checkpoint_root)
+                     reason=why, checkpoint_removed=removed)
 
 
 def cutover_savepoint(settings: Settings, job_name: str, predecessor: JobRun, reason: str,
