@@ -12,6 +12,7 @@ way, through the master with the same resources; the bare one is an unchanged sc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -29,8 +30,13 @@ JOBS = Path(__file__).resolve().parent / "jobs"
 
 
 def commits(checkpoint: Path) -> list[tuple[int, float]]:
+    """Each commit file's batch and time; one Spark purges (minBatchesToRetain) while this reads is left out."""
     folder = checkpoint / "commits"
-    found = [(int(p.name), p.stat().st_mtime) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+    found = []
+    for path in folder.iterdir() if folder.is_dir() else []:
+        if path.name.isdigit():
+            with contextlib.suppress(FileNotFoundError):
+                found.append((int(path.name), path.stat().st_mtime))
     return sorted(found)
 
 
