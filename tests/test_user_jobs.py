@@ -294,6 +294,12 @@ def test_the_guides_count_moves_with_zero_downtime_its_follower_writing_from_the
     assert max(writers[first.id]) == parked_at < min(writers[follower.id]), (parked_at, writers)
     every = sorted(writers[first.id] + writers[follower.id])
     assert len(every) == len(set(every)), "a batch written twice"
+    moved = move_history.of(live.settings, "zerodowntime")
+    assert [m.kind for m in moved] == ["zero-downtime"], moved
+    # the files read around the cut-over waited for the sink at least as long as it was down, and it was down
+    assert moved[0].freshness is not None and moved[0].downtime is not None
+    assert moved[0].freshness >= moved[0].downtime > 0, moved[0]
+    print("zero-downtime move:", moved[0].describe())
     with session_scope(live.settings.database_url) as s:
         cutover = savepoints.get_savepoint(s, "zerodowntime", f"upgrade-run{first.id}-stop1")
         assert cutover.status == "COMPLETED" and cutover.stages == {"windowed_counts": parked_at}

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from sqlalchemy import or_, select
 
+from changeover.jobs import freshness
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun
 from changeover.settings import Settings
@@ -27,11 +28,18 @@ class Move:
     to_version: str
     downtime: float | None  # seconds from the old run's last commit to the new run's first; None before that
     warm: bool  # the new run was a standby, started before the old one stopped
+    zero_downtime: bool = False  # that standby followed the old run read-only before it took over
+    freshness: float | None = None  # the largest arrival-to-commit gap of an input file around it (`freshness`)
+
+    @property
+    def kind(self) -> str:
+        return "zero-downtime" if self.zero_downtime else "warm" if self.warm else "cold"
 
     def describe(self) -> str:
         how = (f"downtime {self.downtime:.1f} s (last commit of run {self.from_run} to first commit of run "
                f"{self.to_run})" if self.downtime is not None else f"run {self.to_run} has not committed yet")
-        return f"{self.job} moved {self.from_version} -> {self.to_version} ({'warm' if self.warm else 'cold'}): {how}"
+        fresh = f", an input file's largest wait for the sink {self.freshness:.1f} s" if self.freshness else ""
+        return f"{self.job} moved {self.from_version} -> {self.to_version} ({self.kind}): {how}{fresh}"
 
 
 def of(settings: Settings, job: str, since: datetime | None = None) -> list[Move]:
@@ -47,5 +55,6 @@ def of(settings: Settings, job: str, since: datetime | None = None) -> list[Move
         gap = ((as_utc(after.first_commit_at) - as_utc(before.last_commit_at)).total_seconds()
                if before.last_commit_at and after.first_commit_at else None)
         found.append(Move(job, before.id, after.id, before.spark_version, after.spark_version, gap,
-                          after.standby_of is not None))
+                          after.standby_of is not None, after.following_since is not None,
+                          freshness.of_move(before.checkpoint_root, after.checkpoint_root)))
     return found

@@ -12,8 +12,9 @@ from changeover import audit, jobs
 from changeover.cluster import Membership
 from changeover.cluster.runtimes import check_version, find_runtime, java_home
 from changeover.errors import ChangeoverError
+from changeover.jobs import move_history
 from changeover.registry.db import session_scope
-from changeover.registry.models import Master, Member, Savepoint, UpgradeRun
+from changeover.registry.models import Event, Master, Member, Savepoint, UpgradeRun
 from changeover.registry.states import Desired, MemberStatus, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
@@ -108,8 +109,25 @@ def verify(settings: Settings, cluster: Membership, target: str, upgrade_key: st
     if problems:  # the lock stays: a retry may still verify; the run's `finish` task releases it as FAILED
         raise ChangeoverError(f"upgrade {upgrade_key}", "; ".join(problems),
                               "look at the audit trail with `changeover events` and retry the failed task")
+    moved = _moves(settings, upgrade_key, sorted(placed), started)
     lock.release(settings, upgrade_key, "SUCCEEDED", "verified")
-    return {"target_version": target, "members": members, "jobs": placed, "skipped": sorted(skipped)}
+    return {"target_version": target, "members": members, "jobs": placed, "skipped": sorted(skipped),
+            "moves": [move.describe() for move in moved]}
+
+
+def _moves(settings: Settings, upgrade_key: str, names: list[str], since: Any) -> list[move_history.Move]:
+    """The upgrade's moves, each with its downtime and the largest wait of an input file for the sink around it,
+    recorded for `changeover events` (once: a retried verify finds them recorded)."""
+    moved = [move for name in names for move in move_history.of(settings, name, since)]
+    with session_scope(settings.database_url) as s:
+        recorded = {(e.subject, e.details.get("to_run")) for e in s.scalars(select(Event).where(
+            Event.action == "job.move.freshness", Event.subject.in_(names))) if e.details.get("upgrade") == upgrade_key}
+        for move in moved:
+            if (move.job, move.to_run) not in recorded:
+                audit.record(s, "job.move.freshness", "job", move.job, upgrade=upgrade_key, from_run=move.from_run,
+                             to_run=move.to_run, kind=move.kind, downtime_seconds=move.downtime,
+                             largest_gap_seconds=move.freshness)
+    return moved
 
 
 def jobs_left_down(settings: Settings, cluster: Membership, upgrade_key: str) -> list[str]:

@@ -1,0 +1,73 @@
+"""How fresh a job's output stayed through a move: for every input file read around it, the time from the file's
+arrival to the commit of the batch that read it.
+
+A file source logs each file it lists with its modification time (`sources/<i>/<n>` in the stage's checkpoint, one
+JSON line a file), and a batch's commit file is written once its sink has its output: the gap between the two is
+how long that input took to reach the sink, whatever the job computes. Around a move the largest gap is the
+downtime as a reader of the output feels it: the files that arrived while the old run parked and the new one took
+over waited longest. Stages without a file source have nothing to measure (None).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from changeover.runtime import checkpoints
+
+AROUND = 3  # batches on each side of the cut-over
+
+
+def arrivals(stage: Path, batch: int) -> list[float]:
+    """The modification times (POSIX seconds) of the files batch `batch` of a stage read from its file sources."""
+    ends, starts = checkpoints.source_log_ends(stage, batch), checkpoints.source_log_ends(stage, batch - 1)
+    found: list[float] = []
+    for source, end in ends.items():
+        for entry in range(starts.get(source, -1) + 1, end + 1):
+            found += _logged_files(stage / "sources" / source, entry)
+    return found
+
+
+def _logged_files(log: Path, entry: int) -> list[float]:
+    """A compacted entry (every tenth) holds the whole log so far: only lines of its own batch count."""
+    for name in (str(entry), f"{entry}.compact"):
+        with contextlib.suppress(FileNotFoundError):
+            lines = (log / name).read_text().splitlines()[1:]
+            return [json.loads(line)["timestamp"] / 1000 for line in lines
+                    if line.startswith("{") and json.loads(line).get("batchId") == entry]
+    return []
+
+
+def _committed_at(stage: Path, batch: int) -> float | None:
+    try:
+        return (stage / "commits" / str(batch)).stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def largest_gap(before: Path, after: Path, around: int = AROUND) -> float | None:
+    """The largest arrival-to-commit gap of the files read by the last `around` batches of the run that gave a stage
+    up (checkpoint `before`) and the first `around` of the run that took it (`after`). None without file input."""
+    last = checkpoints.last_commit(before)
+    if last is None:
+        return None
+    gaps: list[float] = []
+    batches = [(before, b) for b in range(max(last - around + 1, 0), last + 1)]
+    batches += [(after, b) for b in range(last + 1, last + around + 1)]
+    for stage, batch in batches:
+        committed = _committed_at(stage, batch)
+        if committed is not None:
+            with contextlib.suppress(FileNotFoundError):  # Spark purges old log entries
+                gaps += [committed - arrived for arrived in arrivals(stage, batch)]
+    return max(gaps) if gaps else None
+
+
+def of_move(before_root: str | None, after_root: str | None) -> float | None:
+    """The largest gap over a job's stages, for a move from one run's checkpoint root to another's."""
+    if not before_root or not after_root:
+        return None
+    stages = checkpoints.stage_names(Path(after_root))
+    found = [gap for stage in stages
+             if (gap := largest_gap(Path(before_root) / stage, Path(after_root) / stage)) is not None]
+    return max(found) if found else None
