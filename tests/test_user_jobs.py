@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from changeover import audit, jobs, savepoints
+from changeover import audit, faults, jobs, savepoints
 from changeover.cli.generator import Generator
 from changeover.cluster import LocalCluster, wait_for
 from changeover.errors import ChangeoverError
@@ -296,9 +296,10 @@ def test_the_guides_count_moves_with_zero_downtime_its_follower_writing_from_the
     assert len(every) == len(set(every)), "a batch written twice"
     moved = move_history.of(live.settings, "zerodowntime")
     assert [m.kind for m in moved] == ["zero-downtime"], moved
-    # the files read around the cut-over waited for the sink at least as long as it was down, and it was down
+    # The new run's first batch read a file that arrived within one writer's interval (1 s) of the old run planning
+    # its last batch: that file waited at least the downtime less that interval.
     assert moved[0].freshness is not None and moved[0].downtime is not None
-    assert moved[0].freshness >= moved[0].downtime > 0, moved[0]
+    assert moved[0].freshness >= moved[0].downtime - 1.0 and moved[0].downtime > 0, moved[0]
     print("zero-downtime move:", moved[0].describe())
     with session_scope(live.settings.database_url) as s:
         cutover = savepoints.get_savepoint(s, "zerodowntime", f"upgrade-run{first.id}-stop1")
@@ -339,3 +340,40 @@ def test_a_follower_too_slow_to_catch_up_is_aborted_and_the_live_run_never_stops
     wait_for(lambda: {r["key"]: int(r["count"]) for r in table.read()} == dict(generator.truth), 300,
              f"job {job} counting every generated event on 4.2.0")
     jobs.cancel(live.settings, live.cluster, job, reason="test finished with it")
+
+
+def test_a_follower_killed_in_its_cut_over_leaves_the_job_to_its_parked_run_exact(
+        live: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault in the cut-over: the follower has been handed the job and has caught up to the parked batch, and
+    its driver is SIGKILLed before it writes anything. The parked run takes the job back from that batch, never
+    both and never neither: every batch is in the file sink once, all of them the old run's, and the output is
+    exact."""
+    monkeypatch.setenv(faults.SWITCH, "1")  # the drivers launched from here get it too
+    words, output = Words(tmp_path / "words"), tmp_path / "out" / "counts"
+    for _ in range(6):
+        words.write()
+    first = jobs.submit(live.settings, live.cluster, str(GUIDE_JOB), "cutover",
+                        options={"words": str(words.folder), "output": str(output), "move_strategy": "zero_downtime"})
+    jobs.wait_until_committed(live.settings, live.cluster, "cutover")
+    faults.arm(live.settings, "follower.caught_up", kill=True)
+    with words.writing(interval=1.0):
+        wait_for(lambda: relocate.step(live.settings, live.cluster, "cutover", "4.3.0", reason="upgrade"), 420,
+                 "cutover handed to its follower on 4.3.0", interval=0.2, retryable=())
+        handed = [e.details for e in audit.find(live.settings.database_url, job="cutover")
+                  if e.action == "job.hand_over"]
+        assert len(handed) == 1 and handed[0]["replaces"] == first.id, handed
+        wait_for(lambda: any(line.startswith("follower.caught_up kill") for line in faults.fired(live.settings)),
+                 120, "the follower killed once caught up, before its first write")
+        # observed as a drain's polls observe it: the follower's end, then the parked run reclaiming the job
+        wait_for(lambda: _current(live, "cutover") == (first.id, "RUNNING"), 240, "the parked run taking the job back")
+        follower = jobs.observe(live.settings, live.cluster, int(handed[0]["run"]))
+        assert follower.ended_at is not None and follower.first_write_at is None, follower
+    words.flush()
+    truth = words.truth()
+    wait_for(lambda: parquet_counts(output) == truth, 300, "every closed window in the parquet output")
+    writers = Counter(record.name.split(".run")[1] for record in (output / "_changeover_batches").iterdir())
+    batches = [record.name.split(".run")[0] for record in (output / "_changeover_batches").iterdir()]
+    assert set(writers) == {str(first.id)} and len(batches) == len(set(batches)), writers
+    unparked = [e.details for e in audit.find(live.settings.database_url, job="cutover") if e.action == "job.unpark"]
+    assert unparked and unparked[-1]["successor"] == follower.id, unparked
+    jobs.cancel(live.settings, live.cluster, "cutover", reason="test finished with it")

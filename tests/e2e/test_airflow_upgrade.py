@@ -357,6 +357,33 @@ def test_a_killed_scheduler_leaves_no_job_stopped_and_a_restart_finishes_the_run
     _assert_exact(stack, "clicks_outage", generator)
 
 
+@pytest.mark.only_on("sqlite", "run once, on the embedded default; the PostgreSQL run has the forced failures")
+def test_a_zero_downtime_roll_through_the_scheduler_moves_the_job_once_through_its_follower_exact(
+    stack: Stack, members: list[str]
+) -> None:
+    """Issue 27 as users run it: `rolling_upgrade` with move_strategy zero_downtime, triggered through Airflow's REST
+    API as the UI does, run by the scheduler, the executor and the triggerer. The job's follower on 4.3.0 catches up
+    read-only while the roll's trigger waits, then takes over; one move, exact, its downtime and freshness in the
+    verify task's summary and in the events."""
+    generator = _start_clicks(stack, "clicks_zd")
+    airflow = stack.airflow
+    try:
+        run_id = airflow.trigger("rolling_upgrade", {**CONF, "replay_check": False, "move_strategy": "zero_downtime"})
+        state = airflow.follow("rolling_upgrade", run_id, timeout=1800)
+        assert state == "success", _task_log_tail(stack, run_id)
+    finally:
+        generator.stop()
+    _assert_rolled(stack, "clicks_zd")
+    made = move_history.of(stack.settings, "clicks_zd")
+    assert [m.kind for m in made] == ["zero-downtime"], made
+    recorded = [e.details for e in audit.find(stack.settings.database_url, job="clicks_zd")
+                if e.action == "job.move.freshness"]
+    assert [(e["kind"], e["to_run"]) for e in recorded] == [("zero-downtime", made[0].to_run)], recorded
+    assert recorded[0]["largest_gap_seconds"] is not None and recorded[0]["downtime_seconds"] is not None
+    print("zero-downtime roll:", made[0].describe())
+    _assert_exact(stack, "clicks_zd", generator)
+
+
 def _parked(stack: Stack, name: str) -> bool:
     run = jobs.refresh(stack.settings, stack.cluster, name)
     return run is not None and run.parked

@@ -23,7 +23,7 @@ from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import update
 
-from changeover import audit
+from changeover import audit, faults
 from changeover.compat import plan
 from changeover.handoff import lease
 from changeover.registry import db
@@ -94,6 +94,10 @@ def version_mismatch(job: str, actual: str, expected: str) -> str:
         f"and Spark needs driver and executors at exactly one version. "
         f"Relaunch it on the {expected} group, or resume it from a savepoint on the {actual} group."
     )
+
+
+class Superseded(Exception):
+    """A follower handed its job no longer owns it before it wrote anything: the parked run took it back."""
 
 
 class GaveUp(Exception):
@@ -282,13 +286,25 @@ class Driver:
             follower = Follower(spark, stages, *roots)  # handed the job before its first look at it
         if follower is not None:
             began = time.monotonic()
-            at = follower.finish(lambda: patiently(self.heartbeat, self.registry))
+            try:
+                at = follower.finish(self._still_handed)
+            except Superseded:
+                log.warning("job %s run %s: no longer its job's run while catching up; it ends, having written "
+                            "nothing", self.job, self.run_id)
+                return None
             log.info("job %s run %s: handed the job, caught up to %s in %.2f s", self.job, self.run_id, at,
                      time.monotonic() - began)
+            faults.reached_in_job("follower.caught_up")  # mid cut-over: current, nothing written yet
         with session_scope(self.url) as s:
             run = s.get(JobRun, self.run_id)
             assert run is not None and run.checkpoint_root
             return Path(run.checkpoint_root), plans
+
+    def _still_handed(self) -> None:
+        """Between the cut-over's replays: heartbeat, and stop chasing a parked run that took its job back."""
+        patiently(self.heartbeat, self.registry)
+        if patiently(self.stop_state, self.registry) == "fenced":
+            raise Superseded(self.job)
 
     def _follow(self, follower: Follower) -> bool:
         """One step of a read-only follower; True when it replayed a batch (and said so). A follower that cannot go

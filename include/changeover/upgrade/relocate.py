@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -19,12 +20,13 @@ from changeover.errors import ChangeoverError
 from changeover.handoff import lease
 from changeover.jobs.intents import ContinueMove, ContinueRun, ReplaceParked
 from changeover.registry.db import lock_row, session_scope
-from changeover.registry.models import Event, Job, JobRun, Member
+from changeover.registry.models import Event, Job, JobRun, Member, Savepoint
 from changeover.registry.states import AT_A_BOUNDARY, LIVE, Desired, MemberStatus, RunState
 from changeover.runtime import checkpoints
 from changeover.settings import Settings
 from changeover.upgrade import warm, zero_downtime
 
+log = logging.getLogger(__name__)
 Decision = Literal["done", "stopped_by_user", "stop", "save_and_launch", "continue_from_checkpoint", "ended"]
 
 
@@ -88,7 +90,11 @@ def step(
     if decision == "done":
         predecessor = _followed(settings, run)
         if predecessor is not None:  # a retry after the hand-over: the cut-over's savepoint is taken once
-            zero_downtime.cutover_savepoint(settings, job_name, predecessor, reason, upgrade_key)
+            try:
+                zero_downtime.cutover_savepoint(settings, job_name, predecessor, reason, upgrade_key)
+            except ChangeoverError as exc:  # the move is done; only its rollback point is missing, and said so
+                log.warning("job %s: the savepoint of run %s at its cut-over was not taken: %s", job_name,
+                            predecessor.id, exc)
         return True
     if decision == "stopped_by_user":
         raise ChangeoverError(f"move of job {job_name}", "a user stopped it with a savepoint",
@@ -183,13 +189,15 @@ def _last_cold_reason(settings: Settings, job_name: str, run_id: int) -> str:
 
 
 def _followed(settings: Settings, run: JobRun) -> JobRun | None:
-    """The run a zero-downtime successor replaced, while it is still parked on the cut-over's batch (once it has
-    exited, the hand-over's own try took the savepoint, or a retry did)."""
+    """The run a zero-downtime successor replaced, while the cut-over's savepoint of it is still to be taken (a try
+    that died between the hand-over and the savepoint)."""
     if run.following_since is None or run.standby_of is None:
         return None
     with session_scope(settings.database_url) as s:
         predecessor = s.get(JobRun, run.standby_of)
-        return predecessor if predecessor is not None and predecessor.parked else None
+        taken = s.scalar(select(Savepoint.id).where(Savepoint.run_id == run.standby_of, Savepoint.mode == "stop",
+                                                    Savepoint.status == "COMPLETED").limit(1))
+        return predecessor if predecessor is not None and taken is None else None
 
 
 def _draining(settings: Settings, member: str | None) -> bool:

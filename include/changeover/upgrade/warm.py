@@ -18,7 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
 
 from changeover import audit, jobs
 from changeover.cluster import Membership
@@ -27,12 +27,13 @@ from changeover.handoff import lease
 from changeover.jobs.intents import Standby
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
-from changeover.registry.states import Desired
+from changeover.registry.states import Desired, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import placement, routing
 
 READY_SECONDS = lease.STANDBY_READY_SECONDS
+MAX_FOLLOWERS = 3  # zero-downtime followers of one run, aborted or not, before its move is refused
 PARK_POLL_SECONDS = 0.05
 Readiness = Literal["ready", "warming", "cold"]
 
@@ -74,8 +75,12 @@ def cold_reason(settings: Settings, membership: Membership, job_name: str, run: 
         return planned
     with session_scope(settings.database_url) as s:
         ended = select(JobRun).where(JobRun.standby_of == run.id, JobRun.ended_at.is_not(None))
-        if follow:
-            ended = ended.where(JobRun.following_since.is_(None))
+        if follow:  # an aborted follower ended STOPPED; one that failed on its own (FAILED, KILLED) still counts
+            followers = s.scalar(select(func.count()).select_from(JobRun).where(
+                JobRun.standby_of == run.id, JobRun.following_since.is_not(None)))
+            if followers >= MAX_FOLLOWERS:
+                return f"{followers} followers of run {run.id} ended without taking the job over"
+            ended = ended.where(or_(JobRun.following_since.is_(None), JobRun.state != RunState.STOPPED))
         tried = s.scalar(ended.order_by(JobRun.id.desc()).limit(1))
         if tried is not None:
             return f"its standby run {tried.id} ended {tried.state} ({tried.error or 'no reason recorded'})"
