@@ -378,7 +378,7 @@ def test_a_zero_downtime_roll_through_the_scheduler_moves_the_job_once_through_i
     assert [m.kind for m in made] == ["zero-downtime"], made
     recorded = [e.details for e in audit.find(stack.settings.database_url, job="clicks_zd")
                 if e.action == "job.move.freshness"]
-    assert [(e["kind"], e["to_run"]) for e in recorded] == [("zero-downtime", made[0].to_run)], recorded
+    assert [(e["move"], e["to_run"]) for e in recorded] == [("zero-downtime", made[0].to_run)], recorded
     assert recorded[0]["largest_gap_seconds"] is not None and recorded[0]["downtime_seconds"] is not None
     print("zero-downtime roll:", made[0].describe())
     _assert_exact(stack, "clicks_zd", generator)

@@ -125,7 +125,7 @@ def _moves(settings: Settings, upgrade_key: str, names: list[str], since: Any) -
         for move in moved:
             if (move.job, move.to_run) not in recorded:
                 audit.record(s, "job.move.freshness", "job", move.job, upgrade=upgrade_key, from_run=move.from_run,
-                             to_run=move.to_run, kind=move.kind, downtime_seconds=move.downtime,
+                             to_run=move.to_run, move=move.kind, downtime_seconds=move.downtime,
                              largest_gap_seconds=move.freshness)
     return moved
 
