@@ -49,13 +49,35 @@ def test_the_largest_wait_around_a_move_is_the_file_that_arrived_as_the_old_run_
 
 
 def test_a_move_of_a_stage_without_file_input_has_no_freshness(tmp_path: Path) -> None:
-    stage = tmp_path / "old" / "rates"
-    (stage / "commits").mkdir(parents=True)
-    (stage / "commits" / "0").write_text("v1\n{}\n")
-    (stage / "offsets").mkdir()
-    (stage / "offsets" / "0").write_text('v1\n{}\n{"0":5}\n')  # a source of another kind: no logOffset
+    for root, batches in (("old", range(2)), ("new", range(4))):
+        stage = tmp_path / root / "rates"
+        (stage / "commits").mkdir(parents=True)
+        (stage / "offsets").mkdir()
+        for n in batches:
+            (stage / "commits" / str(n)).write_text("v1\n{}\n")
+            (stage / "offsets" / str(n)).write_text('v1\n{}\n{"0":5}\n')  # a source of another kind
+    assert freshness.largest_gap(tmp_path / "old" / "rates", tmp_path / "new" / "rates") is None
     assert freshness.of_move(str(tmp_path / "old"), str(tmp_path / "new")) is None
     assert freshness.of_move(None, str(tmp_path / "new")) is None
+
+
+def test_an_entry_spark_compacted_away_is_read_from_the_compaction_and_a_purged_batch_gives_no_figure(
+        tmp_path: Path) -> None:
+    before, after = tmp_path / "old" / "counts", tmp_path / "new" / "counts"
+    for stage in (before, after):
+        for n in range(3):
+            batch(stage, n, n, {n: T0 + n}, T0 + n + 1.0)
+    batch(after, 3, 3, {3: T0 + 2.0}, T0 + 6.0)
+    # the file source compacted its log at 9 and deleted entry 3: the compaction holds every entry, each once
+    compacted = [{"path": f"file:///in/{n}.json", "timestamp": int((T0 + (2.0 if n == 3 else n)) * 1000),
+                  "batchId": n} for n in range(10)]
+    (after / "sources" / "0" / "9.compact").write_text("v1\n" + "\n".join(json.dumps(c) for c in compacted))
+    (after / "sources" / "0" / "3").unlink()
+    assert freshness.arrivals(after, 3) == [pytest.approx(T0 + 2.0)]  # its own line only, not the whole log
+    assert freshness.largest_gap(before, after) == pytest.approx(4.0, abs=0.01)
+    (after / "offsets" / "2").unlink()  # purged: which entries batch 3 read is no longer known
+    assert freshness.arrivals(after, 3) is None
+    assert freshness.largest_gap(before, after) is None  # not the old run's side alone
 
 
 def test_lag_and_replays_count_commits_not_offsets(tmp_path: Path) -> None:

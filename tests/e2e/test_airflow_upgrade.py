@@ -379,7 +379,10 @@ def test_a_zero_downtime_roll_through_the_scheduler_moves_the_job_once_through_i
     recorded = [e.details for e in audit.find(stack.settings.database_url, job="clicks_zd")
                 if e.action == "job.move.freshness"]
     assert [(e["move"], e["to_run"]) for e in recorded] == [("zero-downtime", made[0].to_run)], recorded
-    assert recorded[0]["largest_gap_seconds"] is not None and recorded[0]["downtime_seconds"] is not None
+    gap, down = recorded[0]["largest_gap_seconds"], recorded[0]["downtime_seconds"]
+    # a file the follower's first batch read waited about as long as the job was down, give or take a trigger and
+    # the registry's clock against the checkpoints' (2 s)
+    assert gap is not None and down is not None and gap >= down - 2.0, recorded
     print("zero-downtime roll:", made[0].describe())
     _assert_exact(stack, "clicks_zd", generator)
 

@@ -19,8 +19,12 @@ from changeover.runtime import checkpoints
 AROUND = 3  # batches on each side of the cut-over
 
 
-def arrivals(stage: Path, batch: int) -> list[float]:
-    """The modification times (POSIX seconds) of the files batch `batch` of a stage read from its file sources."""
+def arrivals(stage: Path, batch: int) -> list[float] | None:
+    """The modification times (POSIX seconds) of the files batch `batch` of a stage read from its file sources;
+    None when the checkpoint no longer says which (Spark purged the batch's offsets, or the one before)."""
+    offsets = stage / "offsets"
+    if not (offsets / str(batch)).exists() or (batch > 0 and not (offsets / str(batch - 1)).exists()):
+        return None
     ends, starts = checkpoints.source_log_ends(stage, batch), checkpoints.source_log_ends(stage, batch - 1)
     found: list[float] = []
     for source, end in ends.items():
@@ -30,12 +34,13 @@ def arrivals(stage: Path, batch: int) -> list[float]:
 
 
 def _logged_files(log: Path, entry: int) -> list[float]:
-    """A compacted entry (every tenth) holds the whole log so far: only lines of its own batch count."""
-    for name in (str(entry), f"{entry}.compact"):
+    """A compacted entry (every tenth) holds the whole log so far, and once Spark has deleted a plain entry only a
+    later compaction holds it: only lines of this entry's own batch count."""
+    later = sorted(n for p in log.glob("*.compact") if (n := int(p.name.split(".")[0])) > entry)
+    for name in (str(entry), f"{entry}.compact", *(f"{n}.compact" for n in later[:1])):
         with contextlib.suppress(FileNotFoundError):
-            lines = (log / name).read_text().splitlines()[1:]
-            return [json.loads(line)["timestamp"] / 1000 for line in lines
-                    if line.startswith("{") and json.loads(line).get("batchId") == entry]
+            logged = [json.loads(line) for line in (log / name).read_text().splitlines()[1:] if line.startswith("{")]
+            return [file["timestamp"] / 1000 for file in logged if file.get("batchId") == entry]
     return []
 
 
@@ -57,9 +62,11 @@ def largest_gap(before: Path, after: Path, around: int = AROUND) -> float | None
     batches += [(after, b) for b in range(last + 1, last + around + 1)]
     for stage, batch in batches:
         committed = _committed_at(stage, batch)
-        if committed is not None:
-            with contextlib.suppress(FileNotFoundError):  # Spark purges old log entries
-                gaps += [committed - arrived for arrived in arrivals(stage, batch)]
+        read = arrivals(stage, batch) if committed is not None else None
+        if read is None and stage == after and batch == last + 1:
+            return None  # the cut-over's own batch is what the figure is about: without it, no figure
+        if committed is not None and read:
+            gaps += [committed - arrived for arrived in read]
     return max(gaps) if gaps else None
 
 

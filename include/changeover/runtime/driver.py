@@ -13,6 +13,7 @@ import importlib.util
 import logging
 import os
 import runpy
+import shutil
 import sys
 import threading
 import time
@@ -289,8 +290,10 @@ class Driver:
             try:
                 at = follower.finish(self._still_handed)
             except Superseded:
-                log.warning("job %s run %s: no longer its job's run while catching up; it ends, having written "
-                            "nothing", self.job, self.run_id)
+                why = "the parked run took its job back while it caught up: it ends, having written nothing"
+                log.warning("job %s run %s: %s", self.job, self.run_id, why)
+                if patiently(partial(lease.end_standby, self.url, self.job, self.run_id, why), self.registry):
+                    shutil.rmtree(follower.root, ignore_errors=True)  # its queries are stopped; nobody else's
                 return None
             log.info("job %s run %s: handed the job, caught up to %s in %.2f s", self.job, self.run_id, at,
                      time.monotonic() - began)

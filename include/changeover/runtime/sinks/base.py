@@ -92,7 +92,8 @@ class Sink(ABC):
     def shadow(self, batch: Any, scratch: Path) -> None:
         """A read-only follower's stand-in for this sink's write (`runtime.follower`): the batch is computed and its
         state committed, and nothing reaches the sink. A sink may write it to `scratch` as it would write it, so the
-        follower's first real write finds its writer's classes loaded; the scratch is dropped."""
+        follower's first real write finds its writer's classes loaded; the scratch is dropped. It must run the whole
+        batch once, as the sink's write does, so that its state stores commit."""
         run_without_writing(batch)
 
     @abstractmethod

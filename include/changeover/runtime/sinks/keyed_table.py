@@ -189,6 +189,13 @@ def stage_rows(url: str, staging: str, columns: list[str], owner: str, batch_id:
             connection.execute(sa.insert(table), chunk)
 
 
+def _reach_staging(url: str, staging: str, rows: Iterable[Any]) -> Iterator[int]:
+    """On an executor: connect to the sink's database and reflect its staging table, staging nothing."""
+    with patiently(engine_for(url).connect, f"the staging table {staging}: its sink") as connection:
+        sa.Table(staging, sa.MetaData(), autoload_with=connection)
+    yield sum(1 for _ in rows)
+
+
 def _copy_rows(connection: Connection, staging: str, names: list[str], rows: Iterable[tuple[Any, ...]]) -> None:
     """psycopg's COPY FROM STDIN, in the connection's own transaction; psycopg streams the rows in its own
     buffers, so a partition is never held whole."""
@@ -372,6 +379,13 @@ class KeyedTable(Sink):
                 ledger.job == context.job, ledger.stage == context.stage, ledger.batch_id > floor))
             connection.execute(sa.delete(tables.staging).where(tables.staging.c[OWNER] == owner))
         return f"undid {len(later)} batch(es) of {self.table} after batch {batch}"
+
+    def shadow(self, batch: Any, scratch: Path) -> None:
+        """Reads only: the driver reflects the tables and every partition's task connects and reflects the staging
+        table, as a write's first steps do, so the follower's first real batch finds them warm; no row is staged."""
+        staging = self.tables(batch.schema).staging.name
+        # the batch's one run, as a real write's staging is: its state stores commit in these tasks
+        batch.rdd.mapPartitions(functools.partial(_reach_staging, self.url, staging)).collect()
 
     def redirected(self, suffix: str) -> KeyedTable:
         return replace(self, table=f"{self.table}__{suffix}")
