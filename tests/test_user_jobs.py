@@ -331,7 +331,7 @@ def test_a_follower_too_slow_to_catch_up_is_aborted_and_the_live_run_never_stops
         jobs.wait_until_committed(live.settings, live.cluster, job)
         with pytest.raises(ChangeoverError, match=r"was still .* behind the live run .* the job was never stopped"):
             wait_for(lambda: relocate.step(live.settings, live.cluster, job, "4.3.0", reason="upgrade",
-                                           strategy="zero_downtime", catch_up=CatchUp(seconds=40)), 400,
+                                           strategy="zero_downtime", catch_up=CatchUp(seconds=20)), 400,
                      f"{job}'s follower", interval=0.5, retryable=())
     finally:
         generator.stop()

@@ -25,7 +25,7 @@ from changeover.cli.generator import Generator
 from changeover.cluster import LocalCluster, Membership, membership_for, processes, wait_for
 from changeover.jobs import move_history
 from changeover.registry.db import session_scope
-from changeover.registry.models import JobRun, utcnow
+from changeover.registry.models import JobRun, Savepoint, SinkLedger, utcnow
 from changeover.registry.schema import migrate
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
@@ -33,7 +33,7 @@ from conftest import PG_ADMIN_URL, start_clicks
 from guide_words import GUIDE_JOB, Words, parquet_counts
 from jobs import clicks
 from platform_hosts import Platform, available
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 
 from e2e import browser
 from e2e.conftest import REGISTRY_PASSWORD, Stack
@@ -385,6 +385,18 @@ def test_a_zero_downtime_roll_through_the_scheduler_moves_the_job_once_through_i
     assert gap is not None and down is not None and gap >= down - 2.0, recorded
     print("zero-downtime roll:", made[0].describe())
     _assert_exact(stack, "clicks_zd", generator)
+    # Each stage's batches in its keyed table's ledger (one row a batch: its key): the old run's writer up to the
+    # batch it parked on, the follower's after it, and nothing else.
+    parked = next(e.details for e in audit.find(stack.settings.database_url, job="clicks_zd") if e.action == "job.park")
+    with session_scope(stack.settings.database_url) as s:
+        ledger = [(row.stage, row.batch_id, row.run_id) for row in s.scalars(
+            select(SinkLedger).where(SinkLedger.job == "clicks_zd"))]
+        cutover = s.scalar(select(Savepoint).where(Savepoint.job == "clicks_zd", Savepoint.mode == "stop"))
+    for stage, at in parked["progress"].items():
+        writers = {b: w for st, b, w in ledger if st == stage}
+        before, after = {writers[b] for b in writers if b <= at}, {writers[b] for b in writers if b > at}
+        assert len(before) == 1 and len(after) == 1 and before != after, (stage, at, writers)
+    assert cutover is not None and cutover.status == "COMPLETED" and cutover.stages == parked["progress"], cutover
 
 
 def _parked(stack: Stack, name: str) -> bool:

@@ -277,6 +277,14 @@ def followed(url: str, run_id: int) -> tuple[Path, Path] | None:
         return Path(run.checkpoint_root), Path(predecessor.checkpoint_root)
 
 
+def predecessor_stopped(url: str, run_id: int) -> bool:
+    """Whether the run a follower follows has stopped: parked, or ended. A stop is recorded after its last commit."""
+    with session_scope(url) as s:
+        run = s.get(JobRun, run_id)
+        predecessor = s.get(JobRun, run.standby_of) if run is not None and run.standby_of is not None else None
+        return predecessor is None or predecessor.parked or predecessor.ended_at is not None
+
+
 def report_following(url: str, run_id: int, progress: dict[str, int | None]) -> None:
     """A follower's replayed batches, for the orchestrator and `changeover jobs`. Never a commit time: a follower
     writes nothing, and a parked run reads a successor's commit as its having taken over."""

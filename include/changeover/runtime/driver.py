@@ -266,7 +266,7 @@ class Driver:
             if turn == "follow":
                 if follower is None and (roots := patiently(partial(lease.followed, self.url, self.run_id),
                                                             self.registry)):
-                    follower = Follower(spark, stages, *roots)
+                    follower = Follower(spark, stages, *roots, self._leader_stopped)
                 if follower is not None and self._follow(follower):
                     beat = time.monotonic()
                     continue
@@ -284,7 +284,7 @@ class Driver:
             if ended or patiently(look, self.registry) != "start":  # not ended: handed the job just before
                 return None
         if follower is None and (roots := patiently(partial(lease.followed, self.url, self.run_id), self.registry)):
-            follower = Follower(spark, stages, *roots)  # handed the job before its first look at it
+            follower = Follower(spark, stages, *roots, self._leader_stopped)  # handed the job before it looked
         if follower is not None:
             began = time.monotonic()
             try:
@@ -302,6 +302,9 @@ class Driver:
             run = s.get(JobRun, self.run_id)
             assert run is not None and run.checkpoint_root
             return Path(run.checkpoint_root), plans
+
+    def _leader_stopped(self) -> bool:
+        return patiently(partial(lease.predecessor_stopped, self.url, self.run_id), self.registry)
 
     def _still_handed(self) -> None:
         """Between the cut-over's replays: heartbeat, and stop chasing a parked run that took its job back."""

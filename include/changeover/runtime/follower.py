@@ -2,9 +2,10 @@
 
 Spark cannot feed a running query offsets from elsewhere, but a query started on a checkpoint whose newest offset
 entry has no commit re-runs exactly that batch: the logged offsets, the logged watermark, the same files. So the
-follower hands itself one committed batch of the predecessor at a time (its offset entry and the source log entries
-it points at, never its commit) and runs the stage once with `Trigger.Once`: the state stores reach that batch's
-version and nothing reaches the user's data. The first replay writes into its sink's shadow (`Sink.shadow`, a
+follower hands itself one batch of the predecessor at a time (its offset entry and the source log entries it points
+at, never its commit), as soon as the predecessor has logged it, and runs the stage once with `Trigger.Once`: the
+state stores reach that batch's version and nothing reaches the user's data. The replay commits only once the
+predecessor has committed the batch (`Follower`). The first replay writes into its sink's shadow (`Sink.shadow`, a
 scratch folder that is dropped), so the first real write later finds the writer warm; the rest into Spark's noop
 sink, which costs least, so the follower keeps up. More than one batch at a time would skip the state of the ones
 between.
@@ -26,9 +27,13 @@ from typing import Any
 from changeover.errors import ChangeoverError
 from changeover.runtime import checkpoints
 from changeover.runtime.contract import Stage
+from changeover.runtime.sinks.base import run_without_writing
 
 log = logging.getLogger(__name__)
 SHADOW = ".shadow"  # where a sink's stand-in writes what it would write (a dot folder: not a stage)
+LEADER_BATCH_SECONDS = 120.0  # how long an early replay waits for the leader's commit of its batch
+COMMIT_POLL_SECONDS = 0.02
+STOPPED_POLL_SECONDS = 0.5
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -66,9 +71,22 @@ def replayed_since(root: Path, stages: list[str], since: float) -> dict[str, int
     return {stage: count(root / stage / "commits") for stage in stages}
 
 
+class Withdrawn(Exception):
+    """An early replay's batch that the leader stopped without committing: the follower must not commit it either."""
+
+
 class Follower:
-    def __init__(self, spark: Any, stages: list[Stage], root: Path, leader_root: Path) -> None:
+    """stopped: whether the leader has stopped (parked or ended): then a batch it has not committed never will be.
+
+    A batch is replayed as soon as the leader has logged its offsets, beside the leader's own run of it, so that the
+    follower is level with the leader when it stops rather than a replay behind. The replay's write waits, before
+    Spark commits it in the follower's checkpoint, until the leader has committed the batch; one the leader stopped
+    without committing fails there (`Withdrawn`), with nothing committed, so the follower never gets ahead."""
+
+    def __init__(self, spark: Any, stages: list[Stage], root: Path, leader_root: Path,
+                 stopped: Callable[[], bool]) -> None:
         self.spark, self.stages, self.root, self.leader_root = spark, stages, root, leader_root
+        self.stopped = stopped
         self.replay_seconds: list[float] = []
         self.shadowed: set[str] = set()  # stages whose sink's shadow has written a batch
 
@@ -76,14 +94,16 @@ class Follower:
         return {stage.name: checkpoints.last_commit(self.root / stage.name) for stage in self.stages}
 
     def step(self) -> bool:
-        """Replay the next committed batch of every stage that is behind. True when any was replayed."""
+        """Replay the next batch of every stage that is behind: committed by the leader, or logged and being run by a
+        leader that has not stopped. True when any was replayed."""
         replayed = False
         for stage in self.stages:
             own = checkpoints.last_commit(self.root / stage.name)
             lead = checkpoints.last_commit(self.leader_root / stage.name)
-            if lead is not None and (own is None or own < lead):
-                self._replay(stage, 0 if own is None else own + 1)
-                replayed = True
+            batch = 0 if own is None else own + 1
+            running = (self.leader_root / stage.name / "offsets" / str(batch)).exists() and not self.stopped()
+            if (lead is not None and batch <= lead) or running:
+                replayed = self._replay(stage, batch) or replayed
         return replayed
 
     def finish(self, replayed: Callable[[], None] = lambda: None) -> dict[str, int | None]:
@@ -100,7 +120,7 @@ class Follower:
                                          -1 if own is None else own, link=True)
         return self.committed()
 
-    def _replay(self, stage: Stage, batch: int) -> None:
+    def _replay(self, stage: Stage, batch: int) -> bool:
         leader, own = self.leader_root / stage.name, self.root / stage.name
         if not (leader / "offsets" / str(batch)).exists():
             raise CannotFollow(f"following stage {stage.name} at batch {batch}",
@@ -114,17 +134,23 @@ class Follower:
             raise CannotFollow(f"following stage {stage.name} at batch {batch}", "its offset entry in the follower's "
                                "checkpoint is not the predecessor's", "move the job with the warm strategy")
         began = time.monotonic()
-        writer = stage.frame.writeStream
-        if stage.name in self.shadowed:  # its writer is warm: the rest compute their batch only, to keep up
-            writer = writer.format("noop")
-        else:
-            scratch = self.root / SHADOW / stage.name
-            writer = writer.foreachBatch(lambda frame, _batch: stage.sink.shadow(frame, scratch))
-        query = (writer.outputMode(stage.output_mode).queryName(f"{stage.name}_follower")
-                 .option("checkpointLocation", str(own)).trigger(once=True).start())
+        shadowed, scratch = stage.name in self.shadowed, self.root / SHADOW / stage.name
+
+        def write(frame: Any, _batch: int) -> None:
+            # its writer warm, the rest compute their batch only (Spark's noop sink), to keep up
+            run_without_writing(frame) if shadowed else stage.sink.shadow(frame, scratch)
+            self._await_leader(leader, batch)
+
+        query = (stage.frame.writeStream.foreachBatch(write).outputMode(stage.output_mode)
+                 .queryName(f"{stage.name}_follower").option("checkpointLocation", str(own))
+                 .trigger(once=True).start())
         query.awaitTermination()
         failure = query.exception()
         if failure is not None:
+            if Withdrawn.__name__ in str(failure):
+                log.info("follower: stage %s batch %d withdrawn: the leader stopped before committing it",
+                         stage.name, batch)
+                return False
             raise failure
         if checkpoints.last_commit(own) != batch:
             raise ChangeoverError(f"replay of batch {batch} of stage {stage.name}", f"its checkpoint {own} committed "
@@ -133,3 +159,18 @@ class Follower:
         self.replay_seconds.append(time.monotonic() - began)
         log.info("follower: stage %s replayed batch %d read-only in %.2f s", stage.name, batch,
                  self.replay_seconds[-1])
+        return True
+
+    def _await_leader(self, leader: Path, batch: int) -> None:
+        """Inside the replay's write, before Spark commits it: until the leader has committed the batch. A leader
+        that stopped without it (looked at before its checkpoint: a stop comes after any commit), or that has not
+        committed it within LEADER_BATCH_SECONDS, withdraws it."""
+        deadline, asked = time.monotonic() + LEADER_BATCH_SECONDS, 0.0
+        while not (leader / "commits" / str(batch)).exists():
+            if time.monotonic() - asked >= STOPPED_POLL_SECONDS:
+                asked = time.monotonic()
+                if self.stopped() and not (leader / "commits" / str(batch)).exists():
+                    raise Withdrawn(f"batch {batch}: its leader stopped without committing it")
+            if time.monotonic() >= deadline:
+                raise Withdrawn(f"batch {batch}: its leader did not commit it within {LEADER_BATCH_SECONDS:.0f} s")
+            time.sleep(COMMIT_POLL_SECONDS)
