@@ -258,6 +258,9 @@ def test_an_unchanged_script_runs_as_a_batch_job_with_its_own_spark_settings(liv
     assert str(jar) in found["spark.jars"]
 
 
+@pytest.mark.soak  # make test's zero-downtime cases: the roll through the scheduler (its ledger split at the parked
+# batch, its savepoint, exact) and the guide job's follower killed in its cut-over, below; this one adds the parquet
+# sink's split and the freshness bounds, and bench/downtime.py (e) measures the same job's move
 def test_the_guides_count_moves_with_zero_downtime_its_follower_writing_from_the_parked_batch_on(
         live: Cluster, tmp_path: Path) -> None:
     """Issue 27's move: the standby on 4.3.0 follows the running job read-only from a continue savepoint, writing
