@@ -36,8 +36,12 @@ def arrivals(stage: Path, batch: int) -> list[float] | None:
 def _logged_files(log: Path, entry: int) -> list[float]:
     """A compacted entry (every tenth) holds the whole log so far, and once Spark has deleted a plain entry only a
     later compaction holds it: only lines of this entry's own batch count."""
-    later = sorted(n for p in log.glob("*.compact") if (n := int(p.name.split(".")[0])) > entry)
-    for name in (str(entry), f"{entry}.compact", *(f"{n}.compact" for n in later[:1])):
+    for name in (str(entry), f"{entry}.compact", None):
+        if name is None:  # listed only when the entry's own file is gone
+            later = [n for p in log.glob("*.compact") if (n := int(p.name.split(".")[0])) > entry]
+            if not later:
+                return []
+            name = f"{min(later)}.compact"
         with contextlib.suppress(FileNotFoundError):
             logged = [json.loads(line) for line in (log / name).read_text().splitlines()[1:] if line.startswith("{")]
             return [file["timestamp"] / 1000 for file in logged if file.get("batchId") == entry]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 
 from sqlalchemy import or_, select
 
@@ -29,7 +30,13 @@ class Move:
     downtime: float | None  # seconds from the old run's last commit to the new run's first; None before that
     warm: bool  # the new run was a standby, started before the old one stopped
     zero_downtime: bool = False  # that standby followed the old run read-only before it took over
-    freshness: float | None = None  # the largest arrival-to-commit gap of an input file around it (`freshness`)
+    roots: tuple[str | None, str | None] = (None, None)  # the two runs' checkpoint roots
+
+    @cached_property
+    def freshness(self) -> float | None:
+        """The largest arrival-to-commit gap of an input file around it (`freshness`): read from the checkpoints
+        when asked, not for every listing of moves."""
+        return freshness.of_move(*self.roots)
 
     @property
     def kind(self) -> str:
@@ -56,5 +63,5 @@ def of(settings: Settings, job: str, since: datetime | None = None) -> list[Move
                if before.last_commit_at and after.first_commit_at else None)
         found.append(Move(job, before.id, after.id, before.spark_version, after.spark_version, gap,
                           after.standby_of is not None, after.following_since is not None,
-                          freshness.of_move(before.checkpoint_root, after.checkpoint_root)))
+                          (before.checkpoint_root, after.checkpoint_root)))
     return found
