@@ -130,15 +130,22 @@ def drivers_of(job: str, run_id: int | None = None) -> list[psutil.Process]:
             and wanted in " ".join(p.info["cmdline"] or [])]
 
 
+def feeding(landing: Any) -> Any:
+    """The demo's generator writing into `landing`: a first file now, then one every 0.5 s in the background."""
+    from changeover.cli.generator import Generator
+
+    generator = Generator(landing)
+    generator.write_file()
+    generator.start(interval=0.5)
+    return generator
+
+
 def start_clicks(settings: Settings, cluster: Any, name: str, lease_seconds: float = 60) -> Any:
     """The demo's `clicks` job on the cluster, fed by a generator writing a file every 0.5 s, once it has committed
     its first batch. Returns the generator (its truth is what the job must end with)."""
     from changeover import jobs
-    from changeover.cli.generator import Generator
 
-    generator = Generator(settings.data_dir / f"landing-{name}")
-    generator.write_file()
-    generator.start(interval=0.5)
+    generator = feeding(settings.data_dir / f"landing-{name}")
     jobs.submit(settings, cluster, "jobs.clicks", name,
                 options={"landing": str(generator.landing), "lease_seconds": lease_seconds})
     jobs.wait_until_committed(settings, cluster, name)

@@ -29,7 +29,7 @@ from changeover.runtime.sinks.files import LOG, log_entries
 from changeover.settings import Settings
 from changeover.upgrade import relocate, warm
 from changeover.upgrade.zero_downtime import CatchUp
-from conftest import ONE_REGISTRY, registry_settings
+from conftest import ONE_REGISTRY, feeding, registry_settings
 from guide_words import GUIDE_JOB, Words, parquet_counts
 from jobs import click_audit, click_joins, clicks
 from sqlalchemy import func, select
@@ -164,9 +164,7 @@ def test_a_standby_killed_before_the_hand_over_leaves_the_job_running_and_the_mo
                                                                                           tmp_path: Path) -> None:
     """A warm move's fallback before the handoff: its standby on 4.3.0 dies while the job still runs on 4.2.0. The
     job was never asked to stop; the move then goes cold, and the job ends exact."""
-    generator = Generator(tmp_path / "landing")
-    generator.write_file()
-    generator.start(interval=0.5)
+    generator = feeding(tmp_path / "landing")
     try:
         first = jobs.submit(live.settings, live.cluster, "jobs.clicks", "fallback",
                             options={"landing": str(generator.landing)})
@@ -201,9 +199,7 @@ def test_a_standby_failing_after_the_hand_over_hands_the_job_back_to_its_parked_
     files sink, each fenced inside its write."""
     job, output = "handback", tmp_path / "out"
     options = {"landing": str(tmp_path / "landing"), "broken_on": "4.3.0", "output": str(output)}
-    generator = Generator(tmp_path / "landing")
-    generator.write_file()
-    generator.start(interval=0.5)
+    generator = feeding(tmp_path / "landing")
     try:
         first = jobs.submit(live.settings, live.cluster, str(USER_JOBS / "breaks_on_new_spark.py"), job,
                             options=options)
@@ -325,9 +321,7 @@ def test_a_follower_too_slow_to_catch_up_is_aborted_and_the_live_run_never_stops
     and the next step would start another.)"""
     job = "tooslow"
     options = {"landing": str(tmp_path / "landing"), "slow_on": "4.3.0"}
-    generator = Generator(tmp_path / "landing")
-    generator.write_file()
-    generator.start(interval=0.5)
+    generator = feeding(tmp_path / "landing")
     try:
         first = jobs.submit(live.settings, live.cluster, str(USER_JOBS / "breaks_on_new_spark.py"), job,
                             options=options)
