@@ -1,5 +1,7 @@
 """Update a job's code: check (static + dry run) -> stop with a savepoint -> resume on the new code -> stability
-gate; on a failure the old code resumes from the same savepoint. The summary says what happened."""
+gate; on a failure the old code resumes from the same savepoint. The summary says what happened. With
+state_partitions the resume also repartitions the state (checked first); the rollback resumes the savepoint as it
+was, with its own count."""
 
 from datetime import timedelta
 
@@ -15,6 +17,7 @@ from changeover_airflow.operators import (
 
 RUN = "{{ run_id | replace(':', '') | replace('+', '') }}"  # one run, one set of savepoint names, on every try
 JOB, CODE, RENAMES = "{{ params.job }}", "{{ params.code }}", "{{ params.rename_stages }}"
+PARTITIONS = "{{ params.state_partitions }}"
 
 with DAG(
     dag_id="update_job",
@@ -36,18 +39,22 @@ with DAG(
         "stable_batches": Param(5, type="integer", minimum=1, description="Batches the new code must commit."),
         "max_lag_seconds": Param(60, type="number", minimum=1, description="Its last commit may be this old."),
         "gate_timeout_seconds": Param(300, type="number", minimum=10, description="Time the gate waits."),
+        "state_partitions": Param(0, type="integer", minimum=0,
+                                  description="Repartition the state to this many partitions on resume (RocksDB "
+                                              "store, Spark 4.2+); 0 keeps each stage's count."),
     },
     tags=["changeover"],
 ):
     check = CompatibilityCheckOperator(
         task_id="check", job=JOB, code=CODE, savepoint_name=f"update-check-{RUN}", rename_stages=RENAMES,
         dry_run="{{ params.dry_run }}", strict="{{ params.strict }}",
-        allow_non_restored_state="{{ params.allow_non_restored_state }}")
+        allow_non_restored_state="{{ params.allow_non_restored_state }}", state_partitions=PARTITIONS)
     stop = SavepointOperator(task_id="stop", job=JOB, savepoint_name=f"update-{RUN}", mode="stop")
     resume = ResumeWithCodeOperator(task_id="resume", job=JOB, savepoint_name=f"update-{RUN}",
                                     code="{{ ti.xcom_pull(task_ids='check', key='new_code') }}",  # as checked
                                     rename_stages=RENAMES,
-                                    allow_non_restored_state="{{ params.allow_non_restored_state }}")
+                                    allow_non_restored_state="{{ params.allow_non_restored_state }}",
+                                    state_partitions=PARTITIONS)
     gate = StabilityGateOperator(task_id="gate", job=JOB, savepoint_name=f"update-{RUN}", rename_stages=RENAMES,
                                  batches="{{ params.stable_batches }}", max_lag_seconds="{{ params.max_lag_seconds }}",
                                  gate_timeout="{{ params.gate_timeout_seconds }}")

@@ -22,7 +22,7 @@ WORDS = ["apache", "spark", "flink", "airflow", "state"]
 
 
 class Words:
-    """The guide job's input: JSON files of (timestamp, word), event time one second per file."""
+    """The guide job's input: JSON files of (timestamp, word, id), event time one second per file."""
 
     def __init__(self, folder: Path) -> None:
         self.folder, self.files, self.random = folder, 0, random.Random(3)
@@ -34,22 +34,33 @@ class Words:
         lines = []
         for i in range(count):
             ts, chosen = base + timedelta(milliseconds=50 * i), word or self.random.choice(WORDS)
-            lines.append(json.dumps({"timestamp": ts.isoformat(), "word": chosen}))
+            lines.append(json.dumps({"timestamp": ts.isoformat(), "word": chosen, "id": f"{self.files}-{i}"}))
             if at is None:
                 self.events.append((ts, chosen))
+        self._publish("\n".join(lines) + "\n")
+
+    def repeat_last(self) -> None:
+        """The last file again under a new name, as a producer retrying its delivery would: the same events, ids
+        included, which a deduplicating job counts once."""
+        self._publish((self.folder / f"words-{self.files - 1:05d}.json").read_text())
+
+    def _publish(self, text: str) -> None:
         staging = self.folder.parent / f".words-{self.files}.tmp"
-        staging.write_text("\n".join(lines) + "\n")
+        staging.write_text(text)
         os.replace(staging, self.folder / f"words-{self.files:05d}.json")
         self.files += 1
 
     @contextmanager
-    def writing(self, interval: float = 0.5) -> Iterator[None]:
-        """A file every interval in the background: a moved job has new input to commit a batch on."""
+    def writing(self, interval: float = 0.5, repeats: bool = False) -> Iterator[None]:
+        """A file every interval in the background: a moved job has new input to commit a batch on. With
+        `repeats`, every other file is the one before it again."""
         stop = threading.Event()
 
         def loop() -> None:
             while not stop.wait(interval):
                 self.write()
+                if repeats and not stop.wait(interval):
+                    self.repeat_last()
 
         thread = threading.Thread(target=loop, name="words", daemon=True)
         thread.start()

@@ -386,6 +386,11 @@ def _bool(value: Any) -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
 
 
+def _partitions(value: Any) -> int | None:
+    """A templated count of state partitions: 0, empty or None keeps each stage's own."""
+    return int(value) if value not in (None, "", "None") and int(value) > 0 else None
+
+
 class CompatibilityCheckOperator(ChangeoverOperator):
     """Checks jobs against a fresh `continue` savepoint before anything running is touched: the static check,
     and with `dry_run` a batch of each stage replayed on the target runtime from scratch copies.
@@ -397,13 +402,14 @@ class CompatibilityCheckOperator(ChangeoverOperator):
 
     template_fields: Sequence[str] = ("changeover_conn_id", "job", "code", "target_version", "savepoint_name",
                                       "rename_stages", "dry_run",
-                                      "strict", "allow_non_restored_state")
+                                      "strict", "allow_non_restored_state", "state_partitions")
 
     def __init__(self, *, savepoint_name: str, job: str | None = None, code: str | None = None,
                  target_version: str | None = None, rename_stages: Any = None, dry_run: Any = True,
                  strict: Any = False, allow_non_restored_state: Any = False, upgrade_step: bool = False,
-                 **kwargs: Any) -> None:
+                 state_partitions: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.state_partitions = state_partitions
         self.job, self.code, self.target_version = job, code, target_version
         self.savepoint_name = savepoint_name
         self.rename_stages = rename_stages
@@ -426,7 +432,8 @@ class CompatibilityCheckOperator(ChangeoverOperator):
                 continue
             report = code_update.check(settings, name, str(self.code) if self.code else None, self.savepoint_name,
                                   self.rename_stages or {}, dry_run=_bool(self.dry_run), strict=_bool(self.strict),
-                                  target_version=self.target_version or None)
+                                  target_version=self.target_version or None,
+                                  state_partitions=_partitions(self.state_partitions))
             passed = report.passes(_bool(self.allow_non_restored_state))
             for line in report.render().splitlines():
                 (self.log.info if passed else self.log.error)("%s", line)
@@ -443,20 +450,23 @@ class ResumeWithCodeOperator(ChangeoverOperator):
     """Resumes a stopped job from its savepoint on new code. A retry finds the run it launched and returns it."""
 
     template_fields: Sequence[str] = ("changeover_conn_id", "job", "code", "savepoint_name", "rename_stages",
-                                      "allow_non_restored_state")
+                                      "allow_non_restored_state", "state_partitions")
 
     def __init__(self, *, job: str, code: Any, savepoint_name: str, rename_stages: Any = None,
-                 allow_non_restored_state: Any = False, **kwargs: Any) -> None:
+                 allow_non_restored_state: Any = False, state_partitions: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.job, self.code, self.savepoint_name = job, code, savepoint_name
         self.rename_stages, self.allow_non_restored_state = rename_stages, allow_non_restored_state
+        self.state_partitions = state_partitions
 
     def execute(self, context: Any) -> dict[str, Any]:
         settings, cluster = self._setup(context)
         run = code_update.resume_with(settings, cluster, str(self.job), self.code, self.savepoint_name,
                                  renames=self.rename_stages or {},
-                                 allow_non_restored_state=_bool(self.allow_non_restored_state))
-        return {"job": self.job, "run": run.id, "spark_version": run.spark_version, "from": run.from_savepoint}
+                                 allow_non_restored_state=_bool(self.allow_non_restored_state),
+                                 state_partitions=_partitions(self.state_partitions))
+        return {"job": self.job, "run": run.id, "spark_version": run.spark_version, "from": run.from_savepoint,
+                "state_partitions": run.state_partitions}
 
 
 class StabilityGateOperator(ChangeoverOperator):

@@ -18,15 +18,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
-from changeover import audit, faults, jobs
+from changeover import audit, faults, jobs, savepoints
 from changeover.cli.generator import Generator
 from changeover.cluster import LocalCluster, Membership, membership_for, processes, wait_for
 from changeover.jobs import move_history
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, Savepoint, SinkLedger, utcnow
 from changeover.registry.schema import migrate
+from changeover.runtime import checkpoints, state_partitions
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from conftest import PG_ADMIN_URL, feeding, start_clicks
@@ -518,6 +520,16 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
         with session_scope(stack.settings.database_url) as s:
             assert Path(jobs.get_job(s, name).code or "").name == "clicks_filtered.py"
 
+        # Its state is in Spark's default store, which cannot be repartitioned: refused at the check.
+        rescaled = airflow.trigger("update_job", {"job": name, "code": _edit(edits, "clicks_filtered"),
+                                                  "dry_run": False, "state_partitions": 8})
+        assert airflow.follow("update_job", rescaled, timeout=900) == "failed"
+        assert (_states(stack, "update_job", rescaled)["check"], _states(stack, "update_job", rescaled)["stop"]) == (
+            "failed", "upstream_failed")
+        said = "\n".join(_task_log_events(stack, rescaled, "update_job"))
+        assert "[INCOMPATIBLE] CO-SCALE-01 job clicks_update, stage " in said and "state_store: rocksdb" in said
+        _committing_on(stack, name, run.id)
+
         poisoned = airflow.trigger("update_job", {"job": name, "code": _edit(edits, "clicks_poisoned"),
                                                   "stable_batches": 20, "dry_run": False})
         wait_for(lambda: _states(stack, "update_job", poisoned).get("resume") == "success", 900,
@@ -537,6 +549,103 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
         _assert_exact(stack, name, generator)
     finally:
         generator.stop()
+        stack.cluster.down()
+
+
+RESCALED_JOB = Path(__file__).parent.parent / "user_jobs" / "deduplicated_window_counts.py"
+STAGE = "deduplicated_counts"
+
+
+def _batch_counts(settings: Settings, job: str, after: int) -> dict[int, int | None]:
+    """The state partitions pinned in each offset log entry of the job's current run after batch `after`."""
+    run = jobs.refresh(settings, membership_for(settings), job)
+    assert run is not None and run.checkpoint_root
+    stage = Path(run.checkpoint_root) / STAGE
+    last = checkpoints.last_commit(stage) or 0
+    return {batch: state_partitions.partitions(stage, batch) for batch in range(after + 1, last + 1)}
+
+
+def _update_savepoint(stack: Stack, job: str, run_id: str) -> dict[str, Any]:
+    mark = run_id.replace(":", "").replace("+", "")
+    return next(sp for sp in savepoints.list_savepoints(stack.settings, job) if sp["name"] == f"update-{mark}")
+
+
+def _rescales(stack: Stack, job: str) -> list[tuple[int, int]]:
+    return [(e.details["partitions_before"], e.details["partitions"])
+            for e in audit.find(stack.settings.database_url, job=job) if e.action == "job.rescale"]
+
+
+@pytest.mark.only_on("sqlite", "the DAG's steps run once, on the embedded default; the registry's own PostgreSQL "
+                     "cases cover the run's column")
+def test_update_job_grows_and_shrinks_a_jobs_state_partitions_exact_and_a_failed_repartition_rolls_back(
+        stack: Stack, tmp_path: Path) -> None:
+    """A team's job (a deduplication and a windowed count in one stage, on RocksDB with 4 state partitions) gets
+    update_job with state_partitions 8 (its dry run replays a batch on a repartitioned copy), then 2. A first try at
+    2 fails right after Spark's repartition, before the planned batch is put back: the gate fails and the rollback
+    resumes the savepoint, which is as it was, with 8. Every batch after a resume uses the new count, and the
+    parquet output is exactly the ground truth, each duplicate counted once."""
+    name, airflow = "rescaled", stack.airflow
+    words, output = Words(tmp_path / "words"), tmp_path / "out" / "counts"
+    for _ in range(6):
+        words.write()
+        words.repeat_last()
+    stack.cluster.up([("r1", "4.2.0")])
+    try:
+        jobs.submit(stack.settings, stack.cluster, str(RESCALED_JOB), name,
+                    options={"words": str(words.folder), "output": str(output), "state_store": "rocksdb",
+                             "lease_seconds": LEASE_SECONDS, "spark": {"shuffle_partitions": 4}})
+        first = jobs.wait_until_committed(stack.settings, stack.cluster, name)
+        assert set(_batch_counts(stack.settings, name, -1).values()) == {4}
+        with words.writing(repeats=True):
+            grown = airflow.trigger("update_job", {"job": name, "code": str(RESCALED_JOB), "state_partitions": 8,
+                                                   "stable_batches": 3})
+            assert airflow.follow("update_job", grown, timeout=900) == "success", \
+                _task_log_tail(stack, grown, "update_job")
+            said = "\n".join(_task_log_events(stack, grown, "update_job"))
+            assert "CO-SCALE-04 job rescaled, stage deduplicated_counts" in said and "4 -> 8 partitions" in said
+            assert re.search(r"dry run: stage deduplicated_counts replayed batch \d+", said), said[-3000:]
+            saved = _update_savepoint(stack, name, grown)
+            savepoint_stage = Path(stack.settings.savepoint_dir) / name / saved["name"] / "stages" / STAGE
+            assert state_partitions.partitions(savepoint_stage) == 4, "the savepoint keeps its own count"
+            savepoints.verify(savepoint_stage.parent.parent)
+            at = saved["stages"][STAGE]
+            counts = _batch_counts(stack.settings, name, at)
+            assert len(counts) >= 3 and set(counts.values()) == {8}, counts
+            run = jobs.refresh(stack.settings, stack.cluster, name)
+            assert run is not None and run.checkpoint_root
+            # the repartition's own batch reads no input; the next batch reads the input after the savepoint's
+            assert state_partitions.is_repartition(Path(run.checkpoint_root) / STAGE, at + 1)
+            assert not state_partitions.is_repartition(Path(run.checkpoint_root) / STAGE, at + 2)
+            assert _rescales(stack, name) == [(4, 8)]
+            run = jobs.refresh(stack.settings, stack.cluster, name)
+            assert run is not None and run.id != first.id and run.state_partitions == 8
+
+            faults.arm(stack.settings, "rescale.repartitioned")  # the driver fails after Spark's repartition
+            failed = airflow.trigger("update_job", {"job": name, "code": str(RESCALED_JOB), "state_partitions": 2,
+                                                    "dry_run": False, "stable_batches": 3,
+                                                    "gate_timeout_seconds": 120})
+            assert airflow.follow("update_job", failed, timeout=900) == "failed"
+            states = _states(stack, "update_job", failed)
+            assert (states["resume"], states["gate"], states["rollback"]) == ("success", "failed", "success"), states
+            assert any(line.startswith("rescale.repartitioned raise") for line in faults.fired(stack.settings))
+            kept = _update_savepoint(stack, name, failed)
+            kept_stage = Path(stack.settings.savepoint_dir) / name / kept["name"] / "stages" / STAGE
+            savepoints.verify(kept_stage.parent.parent)  # every file as its manifest says: nothing was changed
+            assert state_partitions.partitions(kept_stage) == 8
+            jobs.wait_until_committed(stack.settings, stack.cluster, name)
+            assert set(_batch_counts(stack.settings, name, kept["stages"][STAGE]).values()) == {8}
+
+            shrunk = airflow.trigger("update_job", {"job": name, "code": str(RESCALED_JOB), "state_partitions": 2,
+                                                    "dry_run": False, "stable_batches": 3})
+            assert airflow.follow("update_job", shrunk, timeout=900) == "success", \
+                _task_log_tail(stack, shrunk, "update_job")
+            counts = _batch_counts(stack.settings, name, _update_savepoint(stack, name, shrunk)["stages"][STAGE])
+            assert counts and set(counts.values()) == {2}, counts
+            assert _rescales(stack, name) == [(4, 8), (8, 2)]  # the failed try failed before its record
+        words.flush()
+        truth = words.truth()
+        wait_for(lambda: parquet_counts(output) == truth, 300, "every closed window in the parquet output")
+    finally:
         stack.cluster.down()
 
 

@@ -160,6 +160,9 @@ def submit(
         "--rewind-sink", help="Resuming an older savepoint: make the sinks as they were at its batch.")] = False,
     accept_duplicates: Annotated[bool, typer.Option(
         "--accept-duplicates", help="Resuming an older savepoint: let at-least-once sinks get batches twice.")] = False,
+    state_partitions: Annotated[int | None, typer.Option(
+        "--state-partitions", help="With --from-savepoint: repartition the restored state to this many partitions "
+                                   "(RocksDB store, Spark 4.2+; check first with `changeover check`).")] = None,
     fault_tolerant: Annotated[bool, typer.Option("--fault-tolerant/--no-fault-tolerant")] = True,
     block_shutdown: Annotated[bool, typer.Option("--block-shutdown")] = False,
     shutdown_timeout: Annotated[int, typer.Option(help="Seconds a drain waits before cancelling.")] = 30,
@@ -185,7 +188,7 @@ def submit(
                       options=options, from_savepoint=from_savepoint,
                       rename_stages=_pairs(rename_stage, "--rename-stage"),
                       allow_non_restored_state=allow_non_restored_state, rewind_sink=rewind_sink,
-                      accept_duplicates=accept_duplicates)
+                      accept_duplicates=accept_duplicates, state_partitions=state_partitions)
     out.print(f"job {name}: run {run.id} submitted to Spark {run.spark_version} as {run.submission_id}")
 
 
@@ -203,6 +206,9 @@ def check(
     dry_run_timeout: Annotated[float, typer.Option(help="Seconds each replayed batch may take.")] = 180,
     strict: Annotated[bool, typer.Option(
         "--strict", help="Refuse stage names that look generated (stage_0, a hex id) rather than chosen.")] = False,
+    state_partitions: Annotated[int | None, typer.Option(
+        "--state-partitions", help="Also check that each stage's state can move to this many partitions; the dry "
+                                   "run then replays on a repartitioned copy.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Compare new code with a savepoint, before anything running is touched. Exit code: 0 COMPATIBLE,
@@ -210,7 +216,8 @@ def check(
     from changeover.compat.static_check import check_code
 
     report = check_code(_settings(), code, savepoint, target_version, _pairs(rename_stage, "--rename-stage"),
-                        dry_run=dry_run, strict=strict, dry_run_timeout=dry_run_timeout)
+                        dry_run=dry_run, strict=strict, dry_run_timeout=dry_run_timeout,
+                        state_partitions=state_partitions)
     if as_json:
         print(json.dumps(report.as_dict(), indent=2))
     else:

@@ -30,6 +30,7 @@ SPARK_ERRORS = (
     ("STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA", "CO-OPS-02"),
     ("STATEFUL_OPERATOR_NOT_MATCH", "CO-OPS-02"),
     ("sources in the checkpoint offsets", "CO-SRC-01"),
+    ("STATE_REPARTITION", "CO-SCALE-03"),
 )
 
 
@@ -66,9 +67,11 @@ def lay_out(savepoint: Path, stages: list[str], renames: dict[str, str], scratch
 
 def dry_run(settings: Settings, report: Report, shipped: JobCode, savepoint: Path, stages: list[str],
             version: str, options: dict[str, Any], renames: dict[str, str] | None = None,
-            timeout: float = 180) -> dict[str, Any]:
+            timeout: float = 180, rescaled: dict[str, int] | None = None) -> dict[str, Any]:
     """Replay each of `stages` (saved stages the new code keeps) once on `version`; add what Spark refused to
-    `report`. Returns per stage the batch replayed and its input rows, or the error."""
+    `report`. Returns per stage the batch replayed and its input rows, or the error. `rescaled`: stages (by their
+    new names) whose copy is repartitioned to that many state partitions first; their batch is replayed after the
+    repartition's own, as the resumed run would."""
     renames = dict(renames or {})
     scratch = settings.home / "scratch" / f"dry-run-{report.job}-{secrets.token_hex(4)}"
     try:
@@ -79,7 +82,8 @@ def dry_run(settings: Settings, report: Report, shipped: JobCode, savepoint: Pat
             results = in_runtime(
                 settings, version, shipped, "changeover.compat.dry_run_job",
                 ["--job", report.job, "--checkpoints", str(scratch), "--timeout", str(timeout),
-                 "--replay", json.dumps({r.stage: r.batch for r in replays})],
+                 "--replay", json.dumps({r.stage: r.batch for r in replays}),
+                 "--rescale", json.dumps(rescaled or {})],
                 options, MARKER, f"the dry run of job {report.job}", timeout=timeout + 240)
         except ChangeoverError as exc:  # the code did not build or run at all (a timeout or a missing runtime
             # is not the code's fault: it propagates, and the task is retried)
@@ -89,8 +93,9 @@ def dry_run(settings: Settings, report: Report, shipped: JobCode, savepoint: Pat
             result = results.get(replay.stage) or {"timeout": timeout}
             if "error" in result:
                 report.add(rule_of(result["error"]), replay.stage,
-                           f"Spark {version} refused batch {replay.batch} replayed from the savepoint: "
-                           f"{first_line(result['error'])}")
+                           f"Spark {version} refused batch {replay.batch} replayed from the savepoint"
+                           + (f" after repartitioning its state to {rescaled[replay.stage]}" if replay.stage in
+                              (rescaled or {}) else "") + f": {first_line(result['error'])}")
             elif "timeout" in result:
                 report.add("CO-DRY-02", replay.stage, f"batch {replay.batch} not done in {timeout:.0f} s")
         return results

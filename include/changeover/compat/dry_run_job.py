@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from changeover.compat.describe_job import build_stages, job_arguments, local_session
+from changeover.runtime import state_partitions
 
 MARKER = "CHANGEOVER-DRY-RUN "
 POLL_SECONDS = 0.1
@@ -32,11 +33,21 @@ def _replayed(query: Any, batch: int) -> dict[str, Any] | None:
             "batches": [p["batchId"] for p in query.recentProgress]}
 
 
-def run(spark: Any, stages: list[Any], checkpoints: Path, replay: dict[str, int], timeout: float) -> dict[str, Any]:
-    """Start the restored stages, wait until each has replayed its batch (or failed), stop them all."""
+def run(spark: Any, stages: list[Any], checkpoints: Path, replay: dict[str, int], timeout: float,
+        rescale: dict[str, int] | None = None) -> dict[str, Any]:
+    """Repartition the copies asked for, start the restored stages, wait until each has replayed its batch (or
+    failed), stop them all."""
     results: dict[str, Any] = {}
     queries: dict[str, Any] = {}
     wanted = {stage.name: stage for stage in stages if stage.name in replay}
+    replay = dict(replay)
+    for name, count in (rescale or {}).items():
+        try:
+            if name in wanted and state_partitions.rescale(spark, checkpoints / name, count) is not None:
+                replay[name] += 1  # the planned batch goes after the repartition's own
+        except Exception as exc:  # noqa: BLE001 - py4j surfaces Spark's refusal of any kind
+            results[name] = {"error": str(exc)}
+            wanted.pop(name)
     try:
         for name, stage in wanted.items():
             # once: a restarted query runs the batch its checkpoint has planned and ends; it plans no new batch,
@@ -45,7 +56,7 @@ def run(spark: Any, stages: list[Any], checkpoints: Path, replay: dict[str, int]
                              .outputMode(stage.output_mode).option("checkpointLocation", str(checkpoints / name))
                              .trigger(once=True).start())
         deadline = time.monotonic() + timeout
-        while len(results) < len(queries) and time.monotonic() < deadline:
+        while any(name not in results for name in queries) and time.monotonic() < deadline:
             for name, query in queries.items():
                 if name in results:
                     continue
@@ -70,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoints", required=True, help="scratch folder with one checkpoint per stage")
     parser.add_argument("--replay", required=True, help='JSON {"stage": batch id to replay}')
     parser.add_argument("--timeout", type=float, default=180)
+    parser.add_argument("--rescale", default="{}", help='JSON {"stage": state partitions to repartition to first}')
     args = parser.parse_args(argv)
     spark = local_session(f"changeover-dry-run-{args.job}", args.conf, master="local[2]")
     try:
         results = run(spark, build_stages(spark, args), Path(args.checkpoints), json.loads(args.replay),
-                      args.timeout)
+                      args.timeout, json.loads(args.rescale))
         print(MARKER + json.dumps(results), flush=True)
         return 0
     finally:

@@ -91,6 +91,16 @@ RULES = _rules(
          "job was not touched"),
     Rule("CO-DRY-02", W, "the dry run replayed no batch of the stage within its deadline",
          "check again with a longer --dry-run-timeout on a less busy machine; the static check still stands"),
+    Rule("CO-SCALE-01", X, "the stage's state is in the HDFS-backed store, which Spark cannot repartition",
+         "resume without a new partition count; a job that may need to grow starts on RocksDB: submit it anew with "
+         "the job option state_store: rocksdb (its first run pins the store for good)"),
+    Rule("CO-SCALE-02", X, "the target Spark version cannot repartition state (the version table's repartition row)",
+         "resume on a version the version table marks yes for repartitioning (4.2.0 or later), or without a new "
+         "partition count"),
+    Rule("CO-SCALE-03", X, "Spark refused to repartition the stage's state on a copy of the savepoint (dry run)",
+         "resume without a new partition count: Spark's error above names the operator or state it cannot "
+         "repartition; the running job was not touched"),
+    Rule("CO-SCALE-04", C, "the stage's state moves to a new number of partitions", "nothing to do"),
     Rule("CO-STRICT-01", X, "strict mode: the stage's name looks generated, not chosen",
          "give the stage an explicit, stable name in build(): its state is found by that name"),
 )

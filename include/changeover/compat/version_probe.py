@@ -1,8 +1,9 @@
 """Runs in one Spark runtime's Python: write a stateful checkpoint, or resume one written by another version.
 
 `create INPUT CHECKPOINT` writes part 0 of the input and processes it; `resume INPUT CHECKPOINT` adds part 1
-and processes it from a copy of that checkpoint (the file source's log names the input by its absolute
-path, so the input stays where it was). Prints whether the result is exact. Used by
+and processes it from a copy of that checkpoint; `create-rocksdb` and `rescale` do the same on the RocksDB store,
+with the copy's state repartitioned from 2 to 3 partitions before the resume (the file source's log names the
+input by its absolute path, so the input stays where it was). Prints whether the result is exact. Used by
 `changeover.compat.version_table`.
 """
 
@@ -58,13 +59,22 @@ def stages(spark: Any, folder: Path) -> dict[str, tuple[Any, str]]:
             "unique": (events.dropDuplicates(["key", "n"]).select(F.concat("key", F.lit("|"), "n")), "append")}
 
 
-def run(folder: Path, checkpoint: Path) -> dict[str, Any]:
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+RESCALED_TO = 3  # from the 2 partitions the checkpoint is written with
+
+
+def run(folder: Path, checkpoint: Path, rocksdb: bool = False, rescale: bool = False) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    if rocksdb:
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     outputs: dict[str, Any] = {}
     for name, (frame, mode) in stages(spark, folder).items():
+        if rescale:  # offline, on the stopped checkpoint (Spark 4.2+; fails here on older versions)
+            spark.streams.active  # noqa: B018 - Spark 4.2.x: starts the state store coordinator the repartition needs
+            spark._streamingCheckpointManager.repartition(str(checkpoint / name), RESCALED_TO)
         rows: list[tuple[Any, ...]] = []
         query = (frame.writeStream.outputMode(mode).option("checkpointLocation", str(checkpoint / name))
                  .foreachBatch(lambda batch, _id, rows=rows: rows.extend(tuple(r) for r in batch.collect()))
@@ -77,12 +87,12 @@ def run(folder: Path, checkpoint: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     action, folder, checkpoint = argv[0], Path(argv[1]), Path(argv[2])
-    if action == "create":
+    if action in ("create", "create-rocksdb"):
         write_part(folder, 0)
-        run(folder, checkpoint)
+        run(folder, checkpoint, rocksdb=action == "create-rocksdb")
         return 0
     write_part(folder, 1)
-    outputs = run(folder, checkpoint)
+    outputs = run(folder, checkpoint, rescale=action == "rescale")
     got = resumed(outputs)
     print(MARKER + json.dumps({"exact": got == expected(), "got": got, "expected": expected()}), flush=True)
     return 0

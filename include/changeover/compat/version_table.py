@@ -64,6 +64,23 @@ def measure_cell(settings: Settings, created: Path, resumed_with: str, scratch: 
     return {"outcome": "wrong results", "reason": f"got {report['got']}, expected {report['expected']}"}
 
 
+def measure_repartition(settings: Settings, version: str, scratch: Path) -> dict[str, Any]:
+    """Whether `version` repartitions a RocksDB checkpoint it wrote (2 -> 3 partitions) and resumes it exact."""
+    folder, created = scratch / "input", scratch / f"rocksdb-{version}"
+    shutil.rmtree(folder, ignore_errors=True)
+    result = _probe(settings, version, "create-rocksdb", folder, created)
+    if result.returncode != 0:
+        return {"version": version, "outcome": "refused", "reason": _error(result.stderr)}
+    result = _probe(settings, version, "rescale", folder, created)
+    found = [line for line in result.stdout.splitlines() if line.startswith(version_probe.MARKER)]
+    if result.returncode != 0 or not found:
+        return {"version": version, "outcome": "refused", "reason": _error(result.stderr)}
+    report = json.loads(found[-1].removeprefix(version_probe.MARKER))
+    return {"version": version, "outcome": "ok" if report["exact"] else "wrong results",
+            "reason": f"{version_probe.RESCALED_TO - 1} -> {version_probe.RESCALED_TO} partitions, resumed "
+                      + ("exact" if report["exact"] else f"with {report['got']}, expected {report['expected']}")}
+
+
 def measure(settings: Settings, versions: list[str]) -> dict[str, Any]:
     cells = []
     with tempfile.TemporaryDirectory(prefix="version-table-") as scratch:
@@ -78,8 +95,9 @@ def measure(settings: Settings, versions: list[str]) -> dict[str, Any]:
             for resumed_with in versions:
                 cells.append({"created_with": created_with, "resumed_with": resumed_with,
                               **measure_cell(settings, created, resumed_with, Path(scratch))})
+        repartition = [measure_repartition(settings, version, Path(scratch)) for version in versions]
     return {"measured_at": datetime.now(UTC).isoformat(timespec="seconds"), "python": sys.version.split()[0],
-            "cells": cells}
+            "cells": cells, "repartition": repartition}
 
 
 def load() -> dict[str, Any]:
@@ -105,6 +123,11 @@ def require_resumable(created_with: str, resumed_with: str, what: str) -> None:
                               "marks yes")
 
 
+def repartition_of(version: str, table: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The measured offline repartition of state on `version`, or None if it was not measured."""
+    return next((entry for entry in (table or load()).get("repartition", []) if entry["version"] == version), None)
+
+
 def render(table: dict[str, Any]) -> str:
     """The README's table: rows are the version that wrote the savepoint, columns the one resuming it."""
     versions = [v for v in SUPPORTED_VERSIONS if any(c["created_with"] == v for c in table["cells"])]
@@ -114,12 +137,25 @@ def render(table: dict[str, Any]) -> str:
     for created in versions:
         row = [marks[c["outcome"]] if (c := cell(created, resumed, table)) else "not measured" for resumed in versions]
         lines.append(f"| {created} | " + " | ".join(row) + " |")
+    if table.get("repartition"):
+        lines += ["", "| Spark version | " + " | ".join(versions) + " |", "|---|" + "---|" * len(versions),
+                  "| repartitions state offline (`--state-partitions`) | "
+                  + " | ".join(marks[e["outcome"]] if (e := repartition_of(v, table)) else "not measured"
+                               for v in versions) + " |"]
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """All cells; with --repartition, only the repartition row (the resume cells kept as measured)."""
     settings = Settings.from_env()
-    table = measure(settings, installed_versions(settings.runtimes_dir))
+    versions = installed_versions(settings.runtimes_dir)
+    if "--repartition" in (sys.argv[1:] if argv is None else argv):
+        table = load()
+        with tempfile.TemporaryDirectory(prefix="version-table-") as scratch:
+            table["repartition"] = [measure_repartition(settings, v, Path(scratch)) for v in versions]
+        table["repartition_measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    else:
+        table = measure(settings, versions)
     TABLE.write_text(json.dumps(table, indent=1) + "\n")
     print(render(table))
     return 0

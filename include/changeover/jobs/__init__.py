@@ -13,12 +13,13 @@ from sqlalchemy import select, update
 from changeover import audit, faults
 from changeover.cluster import Membership, NoMaster, wait_for
 from changeover.cluster.spark_master import DriverStatus, MasterUnreachable
+from changeover.compat import rescale_check
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
 from changeover.handoff import lease
 from changeover.jobs.intents import START, ContinueRun, Intent, Standby
 from changeover.jobs.shipping import runtime_artifacts, store_job_code
-from changeover.jobs.spark_settings import SparkSettings
+from changeover.jobs.spark_settings import SparkSettings, state_store_confs
 from changeover.names import check_name
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
@@ -52,6 +53,7 @@ def submit(
     allow_non_restored_state: bool = False,
     rewind_sink: bool = False,
     accept_duplicates: bool = False,
+    state_partitions: int | None = None,
 ) -> JobRun:
     """Create the job and launch it on the largest version group. A live job of that name is returned as is.
 
@@ -59,8 +61,15 @@ def submit(
     it is frozen as an artifact at the job's creation. A job whose last run ended (stopped, failed or killed)
     continues from that run's checkpoint, so its batch ids go on from where its sinks are.
     from_savepoint is NAME (a savepoint of this job) or JOB/NAME (of another job, e.g. a second copy).
+    state_partitions: with from_savepoint, the restored stages' state is repartitioned to that many partitions by
+    the new run's driver, on its own copy, before they start; checked first (`compat.rescale_check`).
     """
     check_name("job", name)
+    state_store_confs(options or {})  # an unknown store is refused before anything is created
+    if state_partitions is not None and not from_savepoint:
+        raise ChangeoverError(f"submit of job {name} with {state_partitions} state partitions",
+                              "a new count applies to state restored from a savepoint",
+                              "stop the job with a savepoint, then resume it with --from-savepoint and the count")
     with session_scope(settings.database_url) as s:
         job = s.get(Job, name)
         previous = current_run(s, job) if job is not None else None
@@ -84,13 +93,17 @@ def submit(
     if from_savepoint:
         source_job, _, savepoint = from_savepoint.rpartition("/")
         with session_scope(settings.database_url) as s:
-            written_by = get_savepoint(s, source_job or name, savepoint).spark_version
+            saved = get_savepoint(s, source_job or name, savepoint)
+            written_by, saved_at = saved.spark_version, Path(saved.path)
         require_resumable(written_by, version, f"resume of job {name} from savepoint {from_savepoint} on Spark "
                                                f"{version}")
+        moving = [] if state_partitions is None else [
+            (rename_stages or {}).get(stage, stage)
+            for stage in rescale_check.require(name, from_savepoint, saved_at, version, state_partitions)]
         root = restore(settings, name, savepoint, source_job=source_job or name, rename=rename_stages,
-                       rewind_sink=rewind_sink, accept_duplicates=accept_duplicates)
+                       rewind_sink=rewind_sink, accept_duplicates=accept_duplicates, rescaled=moving)
         return launch(settings, membership, name, version, root, from_savepoint=from_savepoint,
-                      allow_non_restored_state=allow_non_restored_state)
+                      allow_non_restored_state=allow_non_restored_state, state_partitions=state_partitions)
     root = checkpoints.new_checkpoint_root(settings, name)
     if continues is None or not continues.checkpoint_root or not Path(continues.checkpoint_root).is_dir():
         continues = None
@@ -154,13 +167,14 @@ def resume(
     allow_non_restored_state: bool = False,
     rewind_sink: bool = False,
     accept_duplicates: bool = False,
+    state_partitions: int | None = None,
 ) -> JobRun:
     """Resume an existing job from a savepoint; a live job is returned as it is."""
     with session_scope(settings.database_url) as s:
         code = get_job(s, job_name).code or ""
     return submit(settings, membership, code, job_name, from_savepoint=from_savepoint,
                   rename_stages=rename_stages, allow_non_restored_state=allow_non_restored_state,
-                  rewind_sink=rewind_sink, accept_duplicates=accept_duplicates)
+                  rewind_sink=rewind_sink, accept_duplicates=accept_duplicates, state_partitions=state_partitions)
 
 
 def fault_tolerant_jobs(settings: Settings) -> list[str]:
@@ -179,14 +193,18 @@ def launch(
     from_savepoint: str | None = None,
     allow_non_restored_state: bool = False,
     copy_from: JobRun | None = None,
+    state_partitions: int | None = None,
 ) -> JobRun:
     """Place a Python driver on a worker of the version group through the master's REST server, for `intent`
     (`jobs.intents`: what must still hold, under the job row's lock, for the launch to go ahead).
 
     copy_from: an ended run whose checkpoint this run goes on from, copied into `checkpoint_root` only once this run
     is the job's current one: a run declared dead whose driver still runs is fenced before the copy, so no batch it
-    writes can fall between the copy and the hand-over (the successor would plan that batch id again).
+    writes can fall between the copy and the hand-over (the successor would plan that batch id again). A run that
+    continues one which was to repartition its state keeps that count: a repartition cut short is finished first.
     """
+    if copy_from is not None and state_partitions is None:
+        state_partitions = copy_from.state_partitions
     python = membership.driver_python(version)
     if copy_from is not None:
         _require_gone(membership, copy_from)
@@ -195,7 +213,8 @@ def launch(
     if served != version:  # the router's re-check, just before launch
         raise ChangeoverError(f"launch of job {job_name} on the {version} group",
                               f"its master now serves Spark {served}", "retry: routing will pick the group again")
-    admitted = _admit(settings, job_name, version, master, checkpoint_root, intent, from_savepoint, copy_from)
+    admitted = _admit(settings, job_name, version, master, checkpoint_root, intent, from_savepoint, copy_from,
+                      state_partitions)
     if copy_from is not None:
         _lay_out(settings, admitted, copy_from, checkpoint_root or Path())
     try:
@@ -232,10 +251,13 @@ class _Admitted:
     spark_settings: SparkSettings
     stop_deadline: float
     lease_seconds: float
+    state_store: dict[str, str]  # the provider conf the job's option state_store asks for
+    state_partitions: int | None
 
 
 def _admit(settings: Settings, job_name: str, version: str, master: Any, checkpoint_root: Path | None,
-           intent: Intent, from_savepoint: str | None, copy_from: JobRun | None) -> _Admitted:
+           intent: Intent, from_savepoint: str | None, copy_from: JobRun | None,
+           state_partitions: int | None = None) -> _Admitted:
     """Under the job row's lock: the intent's precondition, then the run on record (the job's current one, under a
     new epoch, unless it is a standby), with the launch's first half in the audit."""
     with session_scope(settings.database_url) as s:
@@ -250,7 +272,7 @@ def _admit(settings: Settings, job_name: str, version: str, master: Any, checkpo
         run = JobRun(job=job_name, spark_version=version, master_url=master_url(master),
                      state="SUBMITTED" if standby_of is None else STANDBY, standby_of=standby_of,
                      checkpoint_root=str(checkpoint_root) if checkpoint_root else None,
-                     from_savepoint=from_savepoint, progress={})
+                     from_savepoint=from_savepoint, progress={}, state_partitions=state_partitions)
         s.add(run)
         s.flush()
         desired_before = job.desired
@@ -260,10 +282,12 @@ def _admit(settings: Settings, job_name: str, version: str, master: Any, checkpo
         # The launch's first half, on record with the run: its second (`job.launch`, with the master's
         # submission id) may be lost with the task, and the driver then reconciles it.
         audit.record(s, "job.launch.begin", "job", job_name, run=run.id, version=version,
-                     from_savepoint=from_savepoint)
+                     from_savepoint=from_savepoint,
+                     **({"state_partitions": state_partitions} if state_partitions is not None else {}))
         return _Admitted(job_name, run.id, desired_before, job.module, job.entry, job.code,
                          SparkSettings.from_options(job.options.get("spark") or {}),
-                         float(job.options.get("stop_deadline_seconds", 60)), lease.length_of(job))
+                         float(job.options.get("stop_deadline_seconds", 60)), lease.length_of(job),
+                         state_store_confs(job.options), state_partitions)
 
 
 def _lay_out(settings: Settings, admitted: _Admitted, copy_from: JobRun, checkpoint_root: Path) -> None:
@@ -321,6 +345,7 @@ def _submission(settings: Settings, python: str, master: Any, admitted: _Admitte
         "spark.decommission.enabled": "true",
         "spark.ui.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
+        **admitted.state_store,
         **spark_settings.confs(),
     }
     app_args = ["--master", master_url(master), *spark_settings.submit_args([str(package), code])]
@@ -333,6 +358,8 @@ def _submission(settings: Settings, python: str, master: Any, admitted: _Admitte
                  "--self-fence-seconds", str(lease.self_fence_seconds())]
     app_args += ["--checkpoint-root", str(checkpoint_root)] if checkpoint_root else []
     app_args += ["--standby"] if standby else []
+    if admitted.state_partitions is not None:
+        app_args += ["--state-partitions", str(admitted.state_partitions)]
     if allow_non_restored_state:
         app_args.append("--allow-non-restored-state")
     return {

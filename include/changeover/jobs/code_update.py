@@ -19,6 +19,7 @@ from changeover.jobs.shipping import JobCode, store_job_code
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Savepoint, utcnow
 from changeover.registry.states import Desired
+from changeover.runtime import state_partitions
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import routing
@@ -61,12 +62,15 @@ def not_checkable(settings: Settings, membership: Membership, job: str) -> str |
 
 
 def check(settings: Settings, job: str, code: str | None, name: str, renames: dict[str, str] | None = None,
-          dry_run: bool = True, strict: bool = False, target_version: str | None = None) -> Report:
+          dry_run: bool = True, strict: bool = False, target_version: str | None = None,
+          state_partitions: int | None = None) -> Report:
     """A `continue` savepoint (the same one on a retry), the static check and the dry run against it, on the
-    version the job would resume on, then the savepoint is deleted. The running job is not touched."""
+    version the job would resume on, then the savepoint is deleted. The running job is not touched. With
+    `state_partitions`, whether each stage's state can move to that count, replayed on a repartitioned copy."""
     savepoints.take(settings, job, name, mode="continue", exist_ok=True)
     target = target_version or routing.target_version(settings)
-    report = check_code(settings, code, f"{job}/{name}", target, renames, dry_run=dry_run, strict=strict)
+    report = check_code(settings, code, f"{job}/{name}", target, renames, dry_run=dry_run, strict=strict,
+                        state_partitions=state_partitions)
     savepoints.delete(settings, job, name)  # only the check needed it; kept, it would count against retention
     return report
 
@@ -93,7 +97,7 @@ def switch_code(settings: Settings, job_name: str, code: Code, why: str) -> bool
 
 def resume_with(settings: Settings, membership: Membership, job: str, code: Code, savepoint: str,
                 renames: dict[str, str] | None = None, allow_non_restored_state: bool = False,
-                rewind_sink: bool = False, why: str = "update") -> JobRun:
+                rewind_sink: bool = False, why: str = "update", state_partitions: int | None = None) -> JobRun:
     """The job on `code`, resumed from its savepoint. A run launched from that savepoint on that code is
     returned as it is, whatever its state: a retried task never launches twice. Only a run this update
     launched (from the same savepoint) is ever replaced, and only once the savepoint is known to be usable."""
@@ -101,7 +105,7 @@ def resume_with(settings: Settings, membership: Membership, job: str, code: Code
         row = jobs.get_job(s, job)
         run = jobs.current_run(s, row)
         ours = run is not None and run.from_savepoint == savepoint and run.submission_id is not None
-        if ours and row.code == str(shipped(settings, job, code).artifact):
+        if ours and row.code == str(shipped(settings, job, code).artifact) and run.state_partitions == state_partitions:
             assert run is not None
             s.expunge(run)
             return run
@@ -119,7 +123,8 @@ def resume_with(settings: Settings, membership: Membership, job: str, code: Code
         jobs.cancel(settings, membership, job, reason=f"{why}: replaced by a run of other code")
     switch_code(settings, job, code, why)
     return jobs.resume(settings, membership, job, savepoint, rename_stages=renames,
-                       allow_non_restored_state=allow_non_restored_state, rewind_sink=rewind_sink)
+                       allow_non_restored_state=allow_non_restored_state, rewind_sink=rewind_sink,
+                       state_partitions=state_partitions)
 
 
 def rollback(settings: Settings, membership: Membership, job: str, old_code: dict[str, str], savepoint: str,
@@ -130,9 +135,15 @@ def rollback(settings: Settings, membership: Membership, job: str, old_code: dic
     with session_scope(settings.database_url) as s:
         row = jobs.get_job(s, job)
         run = jobs.current_run(s, row)
-        desired, on_old_code = row.desired, row.code == old_code["code"]
         live = run is not None and (run.state in jobs.LIVE or run.parked)
         from_update = run is not None and run.from_savepoint == savepoint
+        saved = s.scalar(select(Savepoint.path).where(Savepoint.job == job, Savepoint.name == savepoint,
+                                                      Savepoint.status == "COMPLETED"))
+        root = run.checkpoint_root if run is not None else None
+        # an update may keep the code and change only the state's partitions: told by the state itself, whichever
+        # run (the update's, one continuing it, a move's) holds it now
+        rescaled = saved is not None and root is not None and repartitioned_since(Path(saved), Path(root))
+        desired, on_old_code = row.desired, row.code == old_code["code"] and not rescaled
     if on_old_code and live and from_update:
         return jobs.refresh(settings, membership, job)  # rolled back by an earlier try
     if on_old_code and live and desired != Desired.STOP:
@@ -161,6 +172,16 @@ def rollback(settings: Settings, membership: Membership, job: str, old_code: dic
     return run
 
 
+def repartitioned_since(savepoint: Path, root: Path) -> bool:
+    """Whether a stage's state in the checkpoint `root` has another count of partitions than in the savepoint."""
+    folders = [p for p in (savepoint / "stages").iterdir() if p.is_dir()] if (savepoint / "stages").is_dir() else []
+    for folder in folders:
+        before, now = state_partitions.partitions(folder), state_partitions.partitions(root / folder.name)
+        if before is not None and now is not None and before != now:
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class Stability:
     stable: bool
@@ -183,8 +204,15 @@ def stability(settings: Settings, membership: Membership, job: str, savepoint: s
         saved = savepoints.get_savepoint(s, job, savepoint).stages or {}
     start = {(renames or {}).get(stage, stage): batch for stage, batch in saved.items()}
     progress = run.progress or {}
-    done = min((((progress.get(stage) if progress.get(stage) is not None else -1) - start.get(stage, -1))
-                for stage in progress), default=0)
+    root = Path(run.checkpoint_root) if run.checkpoint_root else None
+
+    def done_in(stage: str) -> int:
+        done = (progress[stage] if progress.get(stage) is not None else -1) - start.get(stage, -1)
+        if root is not None and stage in start and state_partitions.is_repartition(root / stage, start[stage] + 1):
+            done -= 1  # a repartition's own batch reads no input: not one the new run proved itself on
+        return done
+
+    done = min((done_in(stage) for stage in progress), default=0)
     lag = (utcnow() - as_utc(run.last_commit_at)).total_seconds() if run.last_commit_at else None
     seen = {"run": run.id, "batches": done, "lag_seconds": lag, "launched_at": as_utc(run.submitted_at).timestamp()}
     if run.state not in jobs.LIVE:

@@ -125,6 +125,8 @@ class JobRun(Base):
     ready_at: Mapped[datetime | None]  # when a standby had its session, executors and plans, ready for a checkpoint
     # a zero-downtime standby given a checkpoint of its own, replaying its predecessor's batches read-only since
     following_since: Mapped[datetime | None]
+    # the count of state partitions its driver repartitions restored stages to before they start (None: as saved)
+    state_partitions: Mapped[int | None]
 
     @property
     def parked(self) -> bool:

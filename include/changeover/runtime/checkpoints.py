@@ -37,6 +37,9 @@ _LEADING_NUMBER = re.compile(r"^\.?(\d+)")
 _CROSS_DEVICE = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP}
 # Folders of a RocksDB store whose files are shared between versions, named <RocksDB file number>-<uuid>.
 _ROCKSDB_SHARED = {"SSTs", "logs"}
+# In a stage folder during a rescale (`state_partitions`): the planned batch's offsets, out of the log while Spark
+# repartitions; copied with the batch it was planned after (`snapshot_pending`), never as a file of the state.
+SET_ASIDE = ".rescale-pending"
 
 
 @dataclass
@@ -60,7 +63,7 @@ def keep(relative: str, batch: int, log_ends: dict[str, int] | None = None) -> b
     so from then on the source's entry of batch N is N + 1 or more."""
     parts = relative.split(os.sep)
     name = parts[-1]
-    if name.endswith(".tmp") or ".tmp." in name:
+    if name.endswith(".tmp") or ".tmp." in name or relative == SET_ASIDE:
         return False
     if name.startswith(".") and name.endswith(".crc"):
         # Hadoop's local filesystem writes .<file>.crc beside every file it writes, and verifies it on read. It
@@ -85,7 +88,10 @@ def keep(relative: str, batch: int, log_ends: dict[str, int] | None = None) -> b
 def source_log_ends(stage: Path, batch: int) -> dict[str, int]:
     """Each file source's `logOffset` in the offsets of `batch` (sources/<i> by i). Sources of other kinds, and
     sources with no offset yet ("-"), are left out."""
-    lines = _offset_entry(stage, batch)
+    return _log_ends(stage, batch, _offset_entry(stage, batch))
+
+
+def _log_ends(stage: Path, batch: int, lines: list[str]) -> dict[str, int]:
     if lines and lines[0] != "v1":
         raise ChangeoverError(f"checkpoint {stage}", f"its offset log entry {stage / 'offsets' / str(batch)} is in "
                               f"format {lines[0]}, and Changeover reads only format v1 (Spark's default) to tell which "
@@ -155,10 +161,14 @@ def snapshot_pending(source: Path, target: Path, batch: int, prefix: str = "", *
     offsets point at (a stop while planning) is left behind: its files are listed again, as new, by the next plan."""
     stats = CopyStats()
     planned = os.path.join("offsets", str(batch + 1))
-    if not (source / planned).exists():
+    if (source / planned).exists():
+        relatives, pending = [planned], source_log_ends(source, batch + 1)
+    elif (source / SET_ASIDE).exists():  # a rescale cut short: its driver's successor puts it back
+        entry = json.loads((source / SET_ASIDE).read_text())["entry"].splitlines()
+        relatives, pending = [SET_ASIDE], _log_ends(source, batch + 1, entry)
+    else:
         return stats
-    relatives = [planned]
-    done, pending = source_log_ends(source, batch), source_log_ends(source, batch + 1)
+    done = source_log_ends(source, batch)
     logs = sorted(p.name for p in (source / "sources").iterdir()) if (source / "sources").is_dir() else []
     for log in logs:
         first, last = (done.get(log, batch) + 1, pending[log]) if log in pending else (batch + 1, batch + 1)

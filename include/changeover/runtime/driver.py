@@ -31,7 +31,7 @@ from changeover.registry import db
 from changeover.registry.db import TRANSIENT, lock_row, patiently, refused, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.registry.states import LIVE, Desired, RunState
-from changeover.runtime import checkpoints
+from changeover.runtime import checkpoints, state_partitions
 from changeover.runtime.contract import JobContext, Stage
 from changeover.runtime.follower import CannotFollow, Follower
 from changeover.runtime.queries import StageQueries
@@ -234,6 +234,31 @@ class Driver:
         except Exception as exc:  # noqa: BLE001 - py4j surfaces JVM errors of any kind
             log.warning("job %s run %s: its stage plans were not recorded (%s)", self.job, self.run_id, exc)
             return None
+
+    def rescale(self, spark: Any, checkpoint_root: Path, count: int, stages: list[str]) -> None:
+        """Repartition the state of each restored stage the job builds to `count` partitions before any query
+        starts: this run's own checkpoint, laid out from a savepoint that stays as it was. A failure fails the run;
+        the job resumes from the savepoint again, or a run continuing this one finishes the repartition. No
+        savepoint is taken of the root meanwhile (the marker)."""
+        marker = checkpoint_root / state_partitions.RESCALING
+        marker.touch()
+        for stage in [name for name in stages if (checkpoint_root / name).is_dir()]:
+            started = time.monotonic()
+            moved = state_partitions.rescale(spark, checkpoint_root / stage, count)
+            if moved is None:
+                continue
+            before, batch = moved
+            seconds = round(time.monotonic() - started, 2)
+            log.info("job %s run %s: stage %s state %s -> %s partitions (batch %s, %.1f s)", self.job, self.run_id,
+                     stage, before, count, batch, seconds)
+            patiently(partial(self._record_rescale, stage, before, count, batch, seconds), self.registry)
+            faults.reached_in_job("rescale.stage_done", stage)
+        marker.unlink()
+
+    def _record_rescale(self, stage: str, before: int, count: int, batch: int, seconds: float) -> None:
+        with session_scope(self.url) as s:
+            audit.record(s, "job.rescale", "job", self.job, run=self.run_id, stage=stage, partitions_before=before,
+                         partitions=count, batch=batch, seconds=seconds)
 
     def stop_failed(self, wanted: str) -> None:
         """Past the hard deadline a trigger was still active: the stop is withdrawn and the job runs on."""
@@ -557,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-seconds", type=float)
     parser.add_argument("--stop-deadline", type=float, default=60.0)
     parser.add_argument("--self-fence-seconds", type=float)
+    parser.add_argument("--state-partitions", type=int, help="repartition restored state to this many first")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -589,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
                 root, plans = handed
             else:
                 root, plans = Path(args.checkpoint_root), None
+                if args.state_partitions is not None:
+                    driver.rescale(spark, root, args.state_partitions, [stage.name for stage in stages])
             if not driver.run_streaming(stages, root, args.allow_non_restored_state, spark, plans):
                 return 4
             return 0

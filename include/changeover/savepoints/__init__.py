@@ -37,7 +37,7 @@ from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, Savepoint, UpgradeRun, utcnow
 from changeover.registry.records import LIVE, current_run, get_job
 from changeover.registry.states import AT_A_BOUNDARY, Desired
-from changeover.runtime import checkpoints
+from changeover.runtime import checkpoints, state_partitions
 from changeover.runtime.sinks import Sink, WriteContext, from_description
 from changeover.savepoints.digests import DigestCache
 from changeover.settings import Settings
@@ -171,6 +171,11 @@ def _source(settings: Settings, job_name: str, name: str, mode: str, of_run: int
                                   + ("stopped at a batch boundary" if mode == "stop" else "running"), how)
         root, run_id, version, code = Path(run.checkpoint_root), run.id, run.spark_version, job.code
         operators, sinks, plans = dict(run.operators or {}), dict(run.sinks or {}), dict(run.plans or {})
+    if (root / state_partitions.RESCALING).exists():
+        raise ChangeoverError(f"savepoint {name!r} of job {job_name}", f"its run {run_id} is repartitioning its "
+                              "state, and a savepoint then would hold half of it",
+                              "retry once the run has started its queries (a run that failed meanwhile: resume "
+                              "the job from its savepoint, or submit it again to finish the repartition)")
     stages = {name: checkpoints.last_commit(root / name) for name in checkpoints.stage_names(root)}
     committed = {stage: batch for stage, batch in stages.items() if batch is not None}
     if not committed:
@@ -291,6 +296,9 @@ def _build(settings: Settings, job_name: str, name: str, mode: str, source: _Sou
                 "sink": source.sinks.get(stage),
                 "plan": source.plans.get(stage),
                 "sink_batch": sink_batches.get(stage),
+                # pinned in the offset log: a resume keeps it unless it repartitions (--state-partitions)
+                "state_partitions": state_partitions.partitions(staging / "stages" / stage, batch),
+                "state_store": state_partitions.provider(staging / "stages" / stage),
             }
             for stage, batch in source.stages.items()
         },
@@ -425,10 +433,14 @@ def restore(
     rewind_sink: bool = False,
     accept_duplicates: bool = False,
     follower: bool = False,
+    rescaled: Collection[str] = (),
 ) -> Path:
     """Verify a savepoint (of source_job, by default job_name itself), then lay its stages out, by stage
     name and through the rename map, in a fresh checkpoint root of job_name. A follower's checkpoint leaves the
-    sinks as they are: it writes nothing until it has replayed the live run's batches up to the sinks' own."""
+    sinks as they are: it writes nothing until it has replayed the live run's batches up to the sinks' own.
+    `rescaled`: stages (by their new names) whose state the new run repartitions first, which puts a batch of its
+    own before the planned one: the planned batch is replayed under the next id, so a sink that has it already must
+    be rewound."""
     rename = dict(rename or {})
     with session_scope(settings.database_url) as s:
         get_job(s, job_name)
@@ -442,7 +454,7 @@ def restore(
                                   f"(it has {', '.join(stages)})", "rename one of the savepoint's stages")
     if (source_job or job_name) == job_name and not follower:  # another job's copy starts its own sinks' ledgers
         _align_sinks(settings, job_name, name, path, {rename.get(st, st): info for st, info in stages.items()},
-                     rewind_sink, accept_duplicates)
+                     rewind_sink, accept_duplicates, rescaled)
     root = checkpoints.new_checkpoint_root(settings, job_name)
     link = checkpoints.same_filesystem(path, root.parent)
     for relative in manifest["files"]:
@@ -463,7 +475,7 @@ def restore(
 
 
 def _align_sinks(settings: Settings, job: str, name: str, path: Path, stages: dict[str, Any], rewind: bool,
-                 accept_duplicates: bool) -> None:
+                 accept_duplicates: bool, rescaled: Collection[str] = ()) -> None:
     """A sink's progress is not in the checkpoint: a sink ahead of the savepoint would skip the batches the
     restored query replays (files, keyed tables) or deliver them twice (an at-least-once foreachBatch)."""
     for stage, info in stages.items():
@@ -481,7 +493,7 @@ def _align_sinks(settings: Settings, job: str, name: str, path: Path, stages: di
         # lease ran out). A rewind asked for (a rollback to other code) takes them back too, so the replay writes
         # them from the code now resumed.
         replayed = info.get("replay_through") or -1
-        limit = info["batch"] if rewind else max(info["batch"], replayed)
+        limit = info["batch"] if rewind or stage in rescaled else max(info["batch"], replayed)
         if written is None or written <= limit:
             continue
         if (duplicates and not accept_duplicates) or (not duplicates and declared.guarantee != "idempotent"
@@ -489,6 +501,8 @@ def _align_sinks(settings: Settings, job: str, name: str, path: Path, stages: di
             how = ("pass --accept-duplicates to deliver those batches again, duplicates and all"
                    if duplicates else "pass --rewind-sink to make the sink as it was at the savepoint's batch, "
                    "so the replayed batches are written again")
+            if stage in rescaled:
+                how += " (its state is repartitioned, which replays the planned batch under the next batch id)"
             raise ChangeoverError(
                 f"resume of job {job} from savepoint {name!r}",
                 f"the {declared.kind} sink of stage {stage} is ahead of the savepoint: it wrote up to batch "

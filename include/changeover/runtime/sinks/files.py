@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlparse
 from changeover import faults
 from changeover.errors import ChangeoverError
 from changeover.handoff import fence
-from changeover.runtime import checkpoints
+from changeover.runtime import checkpoints, state_partitions
 from changeover.runtime.sinks.base import Sink, WriteContext, run_without_writing
 
 FORMATS = ("parquet", "json", "csv", "orc", "text")
@@ -126,10 +126,32 @@ class Files(Sink):
                         source.replace(moved)
                 placed.append(target)
             faults.reached_in_job("files.placed")  # in place, not yet in the log: never read
+            gaps = self._repartitions_before(context, batch_id)
             self._record(context, batch_id)
             held.confirm()
+            for gap in gaps:
+                _add_to_log(spark, self.log, gap, [])
             _add_to_log(spark, self.log, batch_id, placed)
             return True
+
+    def _repartitions_before(self, context: WriteContext, batch_id: int) -> list[int]:
+        """The batch ids between the log's last entry and this batch, each a repartition's own (`--state-partitions`:
+        a batch that reads no input and is never written). Spark's sink log compacts only an unbroken run of
+        entries, so each gets an empty one; recorded first, like any batch. Any other gap is a lost batch: refused."""
+        last = self.progress(context)
+        if last is None or batch_id <= last + 1:
+            return []
+        gaps = list(range(last + 1, batch_id))
+        stage = Path(context.checkpoint) if context.checkpoint else None
+        lost = [gap for gap in gaps if stage is None or not state_partitions.is_repartition(stage, gap)]
+        if lost:
+            raise ChangeoverError(f"batch {batch_id} of job {context.job} stage {context.stage} into {self.root}",
+                                  f"the sink's log ends at batch {last}, and batches {lost} are neither in it nor a "
+                                  "repartition of the state: their rows would be missing",
+                                  "resume the job from a savepoint at or before that batch with --rewind-sink")
+        for gap in gaps:
+            self._record(context, gap)
+        return gaps
 
     def _record(self, context: WriteContext, batch_id: int) -> None:
         """Which run commits this batch, from which offsets: written before the log entry, so a batch the log has
