@@ -12,12 +12,12 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
 SOAK_RUNS ?= 3
 
-.PHONY: demo test test-fast soak lint java chromium sshd runtimes airflow-db clean
+.PHONY: demo test test-fast soak docs lint java chromium sshd runtimes airflow-db clean
 
 demo: java $(VENV)/.installed runtimes airflow-db
 	$(BIN)/changeover demo
 
-test: java chromium sshd $(VENV)/.installed runtimes airflow-db
+test: java chromium sshd $(VENV)/.installed runtimes airflow-db docs
 	$(BIN)/ruff check dags plugins include tests bench
 	$(BIN)/pytest -v -rs --durations=15 -m "not soak"
 
@@ -32,6 +32,10 @@ soak: java chromium sshd $(VENV)/.installed runtimes airflow-db
 	$(BIN)/pytest -v -rs -m soak
 	@for i in $$(seq $(SOAK_RUNS)); do echo "soak run $$i of $(SOAK_RUNS)"; \
 	  $(BIN)/pytest -q -rs -p no:cacheprovider tests/e2e -k "ui_triggered and sqlite" || exit 1; done
+
+# The docs/ folder, as users read it: every page in the nav, every link resolved (mkdocs.yml sets strict).
+docs: $(VENV)/.installed
+	$(BIN)/mkdocs build --strict --quiet
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check dags plugins include tests bench

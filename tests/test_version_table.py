@@ -1,4 +1,4 @@
-"""The measured Spark version table: kept as data, shown in the README, re-measured here for one cell, and
+"""The measured Spark version table: kept as data, shown in the docs, re-measured here for one cell, and
 used to refuse a resume that the table marks as refused or wrong."""
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from changeover.compat import version_table
 from changeover.errors import ChangeoverError
 from changeover.settings import CHECKOUT, Settings
 
-README = CHECKOUT / "README.md"
+SHOWN_IN = CHECKOUT / "docs" / "compatibility.md"
 
 
-def test_the_table_covers_every_pair_of_known_versions_and_the_readme_shows_it() -> None:
+def test_the_table_covers_every_pair_of_known_versions_and_the_docs_show_it() -> None:
     table = version_table.load()
     pairs = {(c["created_with"], c["resumed_with"]) for c in table["cells"]}
     assert pairs == {(a, b) for a in SUPPORTED_VERSIONS for b in SUPPORTED_VERSIONS}
-    assert version_table.render(table) in README.read_text(), "regenerate the README's table from the data"
+    assert {entry["version"] for entry in table["repartition"]} == set(SUPPORTED_VERSIONS)
+    assert version_table.render(table) in SHOWN_IN.read_text(), "regenerate the docs' table from the data"
 
 
 @pytest.mark.slow

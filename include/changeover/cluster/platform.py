@@ -109,7 +109,8 @@ def load(path: Path) -> PlatformSpec:
                               "point cluster_file (or CHANGEOVER_CLUSTER_FILE) at the cluster's description") from None
     except json.JSONDecodeError as exc:
         raise ChangeoverError(f"the cluster file {path}", f"it is not JSON ({exc})",
-                              "fix it; the README's \"Pointing Changeover at your cluster\" shows its shape") from None
+                              "fix it; docs/operations.md, \"Pointing Changeover at your cluster\", shows its "
+                              "shape") from None
     if not isinstance(raw, dict):
         raise _bad(path, "the whole file", "it is not a JSON object")
     masters = {str(v): MasterSpec(str(v), *(str(_field(path, f"masters.{v}", m, k))
@@ -162,4 +163,4 @@ def _field(path: Path, where: str, raw: Any, key: str) -> Any:
 
 def _bad(path: Path, field: str, why: str) -> ChangeoverError:
     return ChangeoverError(f"the cluster file {path}: {field}", why,
-                           "fix the file; the README's \"Pointing Changeover at your cluster\" shows its shape")
+                           "fix the file; docs/operations.md, \"Pointing Changeover at your cluster\", shows its shape")

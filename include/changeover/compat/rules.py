@@ -80,7 +80,7 @@ RULES = _rules(
     Rule("CO-PLAN-01", W, "the savepoint predates plan recording: windows, joins, sources and sinks went unchecked",
          "take a new savepoint of the running job and check against it"),
     Rule("CO-VER-01", X, "the target Spark version cannot resume state the savepoint's version wrote (measured)",
-         "resume on the savepoint's version, or on one the version table in the README marks yes"),
+         "resume on the savepoint's version, or on one the version table (docs/compatibility.md) marks yes"),
     Rule("CO-VER-02", W, "this pair of Spark versions is not in the measured version table",
          "measure it: python -m changeover.compat.version_table"),
     Rule("CO-CONF-01", W, "spark.sql.shuffle.partitions changed",

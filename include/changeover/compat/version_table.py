@@ -3,7 +3,7 @@
 `python -m changeover.compat.version_table` writes a stateful checkpoint (an aggregation, a windowed
 aggregation and a deduplication) with each installed runtime, resumes a copy of it with each runtime on
 more input, and records whether the resumed run was exact, wrong, or refused. The result is kept in
-version_table.json; the checker reads it and the README shows it.
+version_table.json; the checker reads it and docs/compatibility.md shows it.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def require_resumable(created_with: str, resumed_with: str, what: str) -> None:
     if found is not None and found["outcome"] != "ok":
         raise ChangeoverError(what, f"state written by Spark {created_with} was {found['outcome']} when Spark "
                                     f"{resumed_with} resumed it in Changeover's measurements ({found['reason']})",
-                              f"resume it on Spark {created_with}, or on a version the table in the README "
+                              f"resume it on Spark {created_with}, or on a version the table in docs/compatibility.md "
                               "marks yes")
 
 
@@ -129,7 +129,7 @@ def repartition_of(version: str, table: dict[str, Any] | None = None) -> dict[st
 
 
 def render(table: dict[str, Any]) -> str:
-    """The README's table: rows are the version that wrote the savepoint, columns the one resuming it."""
+    """The docs' table: rows are the version that wrote the savepoint, columns the one resuming it."""
     versions = [v for v in SUPPORTED_VERSIONS if any(c["created_with"] == v for c in table["cells"])]
     marks = {"ok": "yes", "wrong results": "WRONG RESULTS", "refused": "refused"}
     lines = ["| created with \\ resumed with | " + " | ".join(versions) + " |",
