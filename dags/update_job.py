@@ -6,6 +6,8 @@ was, with its own count."""
 from datetime import timedelta
 
 from airflow.sdk import DAG, Param
+from changeover_airflow.approval import PlanApprovalOperator
+from changeover_airflow.chains import REQUIRE_APPROVAL
 from changeover_airflow.operators import (
     CompatibilityCheckOperator,
     ResumeWithCodeOperator,
@@ -39,6 +41,7 @@ with DAG(
         "stable_batches": Param(5, type="integer", minimum=1, description="Batches the new code must commit."),
         "max_lag_seconds": Param(60, type="number", minimum=1, description="Its last commit may be this old."),
         "gate_timeout_seconds": Param(300, type="number", minimum=10, description="Time the gate waits."),
+        "require_approval": REQUIRE_APPROVAL,
         "state_partitions": Param(0, type="integer", minimum=0,
                                   description="Repartition the state to this many partitions on resume (RocksDB "
                                               "store, Spark 4.2+); 0 keeps each stage's count."),
@@ -49,6 +52,9 @@ with DAG(
         task_id="check", job=JOB, code=CODE, savepoint_name=f"update-check-{RUN}", rename_stages=RENAMES,
         dry_run="{{ params.dry_run }}", strict="{{ params.strict }}",
         allow_non_restored_state="{{ params.allow_non_restored_state }}", state_partitions=PARTITIONS)
+    approval = PlanApprovalOperator(task_id="approval", require_approval="{{ params.require_approval }}",
+                                    subject="Approve the update of job {{ params.job }}?", plan_task_id="check",
+                                    upgrade_step=False, retries=0)
     stop = SavepointOperator(task_id="stop", job=JOB, savepoint_name=f"update-{RUN}", mode="stop")
     resume = ResumeWithCodeOperator(task_id="resume", job=JOB, savepoint_name=f"update-{RUN}",
                                     code="{{ ti.xcom_pull(task_ids='check', key='new_code') }}",  # as checked
@@ -62,4 +68,4 @@ with DAG(
                                    trigger_rule="one_failed")
     summary = UpdateSummaryOperator(task_id="summary", job=JOB, savepoint_name=f"update-{RUN}",
                                     trigger_rule="all_done", retries=0)
-    check >> stop >> resume >> gate >> rollback >> summary
+    check >> approval >> stop >> resume >> gate >> rollback >> summary

@@ -84,3 +84,46 @@ def test_busy_port_is_refused_and_nothing_starts(settings: Settings) -> None:
     assert f"port {port} on 127.0.0.1 for the Spark 4.2.0 master: it is already in use" in result.stderr
     status = json.loads(run(settings, "cluster", "status", "--json").stdout)
     assert status == {"members": [], "masters": []}
+
+
+def test_the_audit_trail_reads_in_an_80_column_terminal(settings: Settings) -> None:
+    from changeover import audit
+    from changeover.registry.db import session_scope
+
+    with session_scope(settings.database_url) as s:
+        audit.record(s, "job.rescale", "job", "orders", stage="deduplicated_counts", partitions_before=4,
+                     partitions=8, batch=22, seconds=2.13, checkpoint="/a/long/path/" + "x" * 90)
+    result = subprocess.run([*CLI, "events"], env={**os.environ, **settings.as_env(), "COLUMNS": "80"},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines and max(len(line) for line in lines) <= 80, lines
+    assert lines[0].endswith("job.rescale  ok  job:orders") and lines[1].startswith("  by ")
+    text = "".join(line.strip() for line in lines[2:])
+    assert 'stage="deduplicated_counts"' in text and "partitions=8" in text and "x" * 90 in text
+
+
+def test_an_upgrade_is_followed_with_a_bar_its_members_phases_and_the_moves_in_80_columns(settings: Settings) -> None:
+    from changeover.cli import progress
+    from changeover.registry.db import session_scope
+    from changeover.registry.models import UpgradeRun
+    from sqlalchemy import update
+
+    FakeFleet(settings).up([("m1", "4.3.0"), ("m2", "4.2.0")])
+    key = "rolling_upgrade/manual__follow"
+    with session_scope(settings.database_url) as s:
+        s.add(UpgradeRun(key=key, target_version="4.3.0", members={"m1": "4.2.0", "m2": "4.2.0"}, status="RUNNING",
+                         progress={"order": ["m1", "m2"], "phases": {"m1": "UPGRADED", "m2": "DRAINING"}}, active=1))
+    printed: list[str] = []
+    progress.ChangePrinter(settings, key, printed.append)()
+    assert printed == ["  (1/2 members done) member m1: upgraded, ACTIVE at 4.3.0",
+                       "  (1/2 members done) member m2: draining, ACTIVE at 4.2.0"]
+    with session_scope(settings.database_url) as s:
+        s.execute(update(UpgradeRun).where(UpgradeRun.key == key).values(status="SUCCEEDED", active=None))
+    result = subprocess.run([*CLI, "upgrade", "status", key, "--follow"], timeout=120, capture_output=True,
+                            text=True, env={**os.environ, **settings.as_env(), "COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, lines
+    assert any("1/2" in line and "SUCCEEDED" in line for line in lines), lines
+    assert any(line.split()[:2] == ["m2", "DRAINING"] for line in lines), lines

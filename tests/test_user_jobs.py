@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
@@ -27,7 +29,7 @@ from changeover.registry.models import JobRun, SinkLedger
 from changeover.runtime import KeyedTable
 from changeover.runtime.sinks.files import LOG, log_entries
 from changeover.settings import Settings
-from changeover.upgrade import relocate, warm
+from changeover.upgrade import drain, relocate, warm
 from changeover.upgrade.zero_downtime import CatchUp
 from conftest import ONE_REGISTRY, feeding, registry_settings
 from guide_words import GUIDE_JOB, Words, parquet_counts
@@ -382,3 +384,62 @@ def test_a_follower_killed_in_its_cut_over_leaves_the_job_to_its_parked_run_exac
     unparked = [e.details for e in audit.find(live.settings.database_url, job="cutover") if e.action == "job.unpark"]
     assert unparked and unparked[-1]["successor"] == follower.id, unparked
     jobs.cancel(live.settings, live.cluster, "cutover", reason="test finished with it")
+
+
+def _task_context(task_id: str) -> dict[str, object]:
+    """What an operator reads of Airflow's context outside the scheduler: its task instance, no DAG run."""
+    ti = SimpleNamespace(dag_id="nightly_reports", run_id="manual__test", task_id=task_id, try_number=1)
+    return {"ti": ti, "task_instance": ti, "dag_run": None}
+
+
+def test_a_batch_application_through_the_routed_spark_submit_operator_holds_a_drain_and_is_killed_with_its_task(
+        live: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Spark provider's SparkSubmitOperator arguments, routed by Changeover (run here without the scheduler: its
+    execute and on_kill, with the connection read from Airflow's environment variable as a worker reads it). The
+    application lands on the largest group (4.2.0: two members against one), a drain of its member waits for it as
+    block_shutdown says, it finishes; a second one is killed with its task."""
+    from changeover_airflow.spark_submit import RoutedSparkSubmitOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_CHANGEOVER_DEFAULT", json.dumps({"conn_type": "changeover", "extra": {
+        "home": str(live.settings.home), "database_url": live.settings.database_url}}))
+    release = tmp_path / "release"
+
+    def operator(name: str) -> RoutedSparkSubmitOperator:
+        return RoutedSparkSubmitOperator(task_id=name, application=str(USER_JOBS / "runs_until_released.py"),
+                                         name=name, conf={"spark.changeover.test.release": str(release)},
+                                         executor_memory="512m", block_shutdown=True, status_poll_interval=1)
+
+    def running(task: RoutedSparkSubmitOperator) -> tuple[threading.Thread, dict[str, object]]:
+        ended: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                ended["result"] = task.execute(_task_context(task.task_id))
+            except ChangeoverError as exc:
+                ended["error"] = str(exc)
+
+        thread = threading.Thread(target=run, name=task.task_id)
+        thread.start()
+        wait_for(lambda: (r := jobs.refresh(live.settings, live.cluster, task.name)) is not None
+                 and r.state == "RUNNING" and r.member is not None, 240, f"{task.name} running")
+        return thread, ended
+
+    thread, ended = running(operator("nightly-report"))
+    run = jobs.refresh(live.settings, live.cluster, "nightly-report")
+    assert run is not None and run.spark_version == "4.2.0" and run.member in ("m1", "m2")
+    assert drain.plan(live.settings, live.cluster, run.member).wait == ["nightly-report"]  # held, not cancelled
+    release.touch()
+    thread.join(240)
+    assert ended == {"result": {"job": "nightly-report", "run": run.id, "spark_version": "4.2.0",
+                                "state": "FINISHED"}}
+    assert drain.plan(live.settings, live.cluster, run.member).wait == []
+
+    release.unlink()
+    killed = operator("adhoc-report")
+    thread, ended = running(killed)
+    killed.on_kill()
+    thread.join(120)
+    assert "its driver ended KILLED" in str(ended.get("error")), ended
+    run = jobs.refresh(live.settings, live.cluster, "adhoc-report")
+    assert run is not None and run.state == "KILLED"
+    assert live.cluster.master("4.2.0").status(run.submission_id).state == "KILLED"

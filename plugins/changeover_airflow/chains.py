@@ -1,4 +1,5 @@
-"""The task chain every upgrade DAG runs: preflight >> compatibility >> roll >> rebalance >> verify >> finish."""
+"""The task chain every upgrade DAG runs: preflight >> compatibility >> approval >> roll >> rebalance >> verify >>
+finish."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from airflow.sdk import Param
 from changeover.cluster.runtimes import SUPPORTED_VERSIONS, installed_versions
 from changeover.settings import Settings
 
+from changeover_airflow.approval import PlanApprovalOperator
 from changeover_airflow.hooks import ChangeoverHook
 from changeover_airflow.operators import (
     CompatibilityCheckOperator,
@@ -22,6 +24,10 @@ from changeover_airflow.operators import (
 # Every task picks up where the last try was, so retries are cheap; enough of them to outlast spurious
 # retries from the scheduler's deferral race.
 UPGRADE_DEFAULT_ARGS: dict[str, Any] = {"retries": 6, "retry_delay": timedelta(seconds=10)}
+
+
+REQUIRE_APPROVAL = Param(False, type="boolean", description="Before anything is drained or stopped, show the plan in "
+                         "Required Actions and wait for a person to approve it; a rejection ends the run.")
 
 
 def upgrade_params(target_description: str, **extra: Param) -> dict[str, Param]:
@@ -44,6 +50,7 @@ def upgrade_params(target_description: str, **extra: Param) -> dict[str, Param]:
                                   description="zero_downtime: how long a successor has to catch up before its move "
                                               "is aborted (the job keeps running where it is)."),
         "dry_run": Param(False, type="boolean", description="Only check and print the plan."),
+        "require_approval": REQUIRE_APPROVAL,
         "connection": Param(ChangeoverHook.default_conn_name, type="string", minLength=1,
                             description="The Changeover connection of the cluster and registry to upgrade (its "
                                         "extras name them: a team with several clusters has one each)."),
@@ -70,6 +77,9 @@ def upgrade_chain(
                                    dry_run="{{ params.replay_check }}",
                                    savepoint_name="upgrade-check-{{ run_id | replace(':', '') | replace('+', '') }}",
                                    **conn),
+        PlanApprovalOperator(task_id="approval", require_approval="{{ params.require_approval }}", upgrade_step=True,
+                             subject="Approve the rolling upgrade to Spark {{ params.target_version }}?",
+                             plan_task_id="preflight", retries=0, **conn),
         RollingUpgradeOperator(task_id="roll", shutdown_timeout="{{ params.shutdown_timeout }}", window=window,
                                drain_needs_seconds=drain_needs_seconds, surge="{{ params.surge }}",
                                move_strategy="{{ params.move_strategy }}",

@@ -18,6 +18,7 @@ from changeover.upgrade.windows import DrainWindow
 from changeover.upgrade.zero_downtime import CatchUp
 
 from changeover_airflow.hooks import ChangeoverHook
+from changeover_airflow.links import ChangeoverViewLink, SparkMasterLink
 from changeover_airflow.triggers import ReconcileTrigger
 
 
@@ -26,10 +27,21 @@ def upgrade_key(context: Any) -> str:
     return f"{context['ti'].dag_id}/{context['ti'].run_id}"
 
 
+def acting_settings(context: Any, conn_id: str, upgrade_step: bool, person: str | None = None) -> Settings:
+    """The connection's settings, with the audit trail's actor set: the person first (the user who triggered the run,
+    a scheduled run has none; or who answered the task), then where it ran."""
+    ti = context["ti"]
+    user = person or getattr(context.get("dag_run"), "triggering_user_name", None) or "scheduler"
+    audit.act_as(audit.Acting(f"{user} via airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}#{ti.try_number}",
+                              upgrade_key(context) if upgrade_step else None))
+    return ChangeoverHook(conn_id).get_settings()
+
+
 class ChangeoverOperator(BaseOperator):
     """Base: resolves the connection and names the person and the task instance as the actor in the audit trail."""
 
     upgrade_step = False  # a step of an upgrade DAG: its events carry the upgrade's key
+    operator_extra_links = (ChangeoverViewLink(), SparkMasterLink())
     # templated: an upgrade DAG's run chooses its cluster and registry (`params.connection`)
     template_fields: Sequence[str] = ("changeover_conn_id",)
 
@@ -40,12 +52,7 @@ class ChangeoverOperator(BaseOperator):
         self.overall_timeout = overall_timeout  # s a try may spend across all its deferrals
 
     def _setup(self, context: Any) -> tuple[Settings, Membership]:
-        ti = context["ti"]
-        # The person first: the user who triggered the run (a scheduled run has none), then where it ran.
-        user = getattr(context.get("dag_run"), "triggering_user_name", None) or "scheduler"
-        audit.act_as(audit.Acting(f"{user} via airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}#{ti.try_number}",
-                                  upgrade_key(context) if self.upgrade_step else None))
-        settings = ChangeoverHook(self.changeover_conn_id).get_settings()
+        settings = acting_settings(context, self.changeover_conn_id, self.upgrade_step)
         return settings, membership_for(settings)
 
     def on_kill(self) -> None:
@@ -126,6 +133,7 @@ class PreflightOperator(ChangeoverOperator):
                                 upgrade_key=upgrade_key(context), dry_run=bool(context["params"].get("dry_run")))
         for line in plan.describe():
             self.log.info(line)
+        context["ti"].xcom_push(key="plan", value=plan.describe())  # what an approver is shown
         return [] if context["params"].get("dry_run") else plan.members
 
 
@@ -244,6 +252,10 @@ class FinishUpgradeOperator(ChangeoverOperator):
         from airflow.sdk.exceptions import AirflowFailException
 
         key = upgrade_key(context)
+        rejected_by = context["ti"].xcom_pull(task_ids="approval", key="rejected_by")
+        if rejected_by:  # the plan was rejected before anything drained: the run ends as asked, not failed
+            lock.release(settings, key, "REJECTED", f"its plan was rejected by {rejected_by}", missing_ok=True)
+            return
         released = lock.release(settings, key, "FAILED", "the run ended before verify succeeded", missing_ok=True)
         if context["ti"].xcom_pull(task_ids="preflight", key="skipped"):
             return  # nothing to upgrade this time: no upgrade began
@@ -386,6 +398,13 @@ def _bool(value: Any) -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
 
 
+def _rendered(report: dict[str, Any]) -> list[str]:
+    """A check report's lines, from its XCom form."""
+    lines = [f"job {report['job']} against savepoint {report['savepoint']}: {report['verdict']}"]
+    return lines + [f"  [{f['verdict']}] {f['rule']} stage {f['stage']}: {f['title']}: {f['detail']}"
+                    for f in report["findings"]]
+
+
 def _partitions(value: Any) -> int | None:
     """A templated count of state partitions: 0, empty or None keeps each stage's own."""
     return int(value) if value not in (None, "", "None") and int(value) > 0 else None
@@ -441,6 +460,13 @@ class CompatibilityCheckOperator(ChangeoverOperator):
             if not passed:
                 refused.append(report.render())
         context["ti"].xcom_push(key="reports", value=reports)
+        if job and self.code:  # what an approver of the update is shown
+            plan = [line for report in reports.values() for line in _rendered(report)]
+            partitions = _partitions(self.state_partitions)
+            plan += [f"then: stop job {job} at a batch boundary with a savepoint, resume it on {self.code}"
+                     + (f" with its state in {partitions} partitions" if partitions else "")
+                     + ", wait for the stability gate, and roll back to the savepoint on failure"]
+            context["ti"].xcom_push(key="plan", value=plan)
         if refused:
             raise AirflowFailException("the change would break these jobs; nothing was stopped:\n" + "\n".join(refused))
         return reports
@@ -557,6 +583,11 @@ class UpdateSummaryOperator(ChangeoverOperator):
 
         settings, _ = self._setup(context)
         ti = context["ti"]
+        rejected_by = ti.xcom_pull(task_ids="approval", key="rejected_by")
+        if rejected_by:  # nothing was stopped: the job runs its old code, as asked
+            summary = {"job": self.job, "outcome": f"rejected by {rejected_by}"}
+            self.log.info("update of job %s: %s", self.job, summary)
+            return summary
         reports = ti.xcom_pull(task_ids="check", key="reports") or {}
         stability = ti.xcom_pull(task_ids="gate", key="stability") or {}
         rolled = ti.xcom_pull(task_ids="rollback") or {}

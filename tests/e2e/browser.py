@@ -400,3 +400,33 @@ def screenshot_grid(
         page.wait_for_load_state("networkidle")
         page.screenshot(path=str(path))
     return state
+
+
+def answer_in_ui(base_url: str, username: str, password: str, dag_id: str, run_id: str, task_id: str,
+                 option: str, folder: Path) -> None:
+    """Open the task's Required Actions review as a person does (from the task, once it waits for an answer), show
+    its plan on a screenshot, press the option's button, check Airflow took the answer (the UI's PATCH of the
+    task's hitlDetails succeeded), and screenshot the page after it."""
+    with browser_page(folder / f"{task_id}-failure.png") as page:
+        login(page, base_url, username, password,
+              f"/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/{task_id}/required_actions")
+        button = page.get_by_role("button", name=option, exact=True)
+        expect(button).to_be_enabled()
+        page.screenshot(path=str(folder / f"{task_id}-asked.png"))
+        with page.expect_response(lambda r: r.request.method == "PATCH" and "hitlDetails" in r.url) as sent:
+            button.click()
+        if not sent.value.ok:
+            raise UIError(f"the answer {option!r} was refused: {_error_detail(sent.value)}")
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(folder / f"{task_id}-answered.png"))
+
+
+def screenshot_view(base_url: str, username: str, password: str, path: str, expected: str, target: Path) -> str:
+    """Open a page of the Changeover view (signed in, as from the UI's navigation), check it shows `expected`,
+    screenshot it, and return its HTML (the timeline's lanes are SVG text)."""
+    with browser_page(target.with_name(f"{target.stem}-failure.png")) as page:
+        login(page, base_url, username, password, "/")
+        page.goto(f"{base_url.rstrip('/')}{path}")
+        expect(page.get_by_text(expected, exact=False).first).to_be_visible()
+        page.screenshot(path=str(target), full_page=True)
+        return page.content()

@@ -127,8 +127,11 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
         airflow = stack.airflow
         airflow.wait_for_dag("rolling_upgrade")
         # The replay before a drain is test_compat_matrix's, and through Airflow the update_job test's.
-        conf = {**CONF, "replay_check": False}
+        conf = {**CONF, "replay_check": False, "require_approval": True}
         run_id = browser.trigger_from_ui(airflow.url, "admin", airflow.password, "rolling_upgrade", conf, artifacts)
+        airflow.await_question("rolling_upgrade", run_id, "approval")  # the plan, shown to a person
+        browser.answer_in_ui(airflow.url, "admin", airflow.password, "rolling_upgrade", run_id, "approval",
+                             "Approve", artifacts)
         if forced:  # the registry's password, where a deferred task, its trigger and the drivers would show it
             wait_for(lambda: _states(stack, "rolling_upgrade", run_id).get("roll") == "deferred", 600,
                      "the roll task deferring to its trigger")
@@ -143,6 +146,7 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
         generator.stop()
         probe.stop()
     _assert_sql_stayed_available(probe, warm, quiet_until, upgraded_at, artifacts)
+    _the_changeover_view_shows_the_upgrade(stack, run_id, artifacts)
     _light_sql_and_the_leak_checker_run_through_the_scheduler(stack, since=upgraded_at)
     _assert_rolled(stack, "clicks")
     _assert_exact(stack, "clicks", generator)
@@ -185,6 +189,21 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
     triggered = [e for e in airflow.event_logs(dag_id="rolling_upgrade")
                  if e.get("run_id") == run_id or "trigger" in (e.get("event") or "")]
     assert any(e.get("owner") == "admin" for e in triggered), triggered
+
+
+def _the_changeover_view_shows_the_upgrade(stack: Stack, run_id: str, artifacts: Path) -> None:
+    """The approval is on record with its approver; the Changeover view (the plugin's pages on the api-server) shows
+    the fleet at its new version and the job's move, and the run's timeline each member's phases."""
+    airflow, key = stack.airflow, f"rolling_upgrade/{run_id}"
+    approvals = [(e.outcome, e.details["approver"]) for e in audit.find(stack.settings.database_url, upgrade=key,
+                                                                        limit=10_000) if e.action == "upgrade.approval"]
+    assert approvals == [("approved", "admin")]
+    overview = browser.screenshot_view(airflow.url, "admin", airflow.password, "/changeover/", "Fleet",
+                                       artifacts / "changeover-view.png")
+    assert "clicks" in overview and "4.3.0" in overview and key in overview
+    timeline = browser.screenshot_view(airflow.url, "admin", airflow.password, f"/changeover/upgrades/{key}",
+                                       f"Upgrade {key}", artifacts / "changeover-timeline.png")
+    assert all(f"member {m}" in timeline for m in CONF["members"]) and "clicks" in timeline
 
 
 def _assert_sql_stayed_available(probe: SqlProbe, warm: float, quiet_until: float, upgraded_at: float,
@@ -484,12 +503,32 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
                     options={"landing": str(generator.landing), "lease_seconds": LEASE_SECONDS})
         first = jobs.wait_until_committed(stack.settings, stack.cluster, name)
 
+        # An upgrade that asks for approval shows its plan and waits; rejected, it ends with nothing drained.
+        asked = airflow.trigger("rolling_upgrade", {**CONF, "members": ["u1"], "replay_check": False,
+                                                    "require_approval": True})
+        airflow.await_question("rolling_upgrade", asked, "approval")
+        browser.answer_in_ui(airflow.url, "admin", airflow.password, "rolling_upgrade", asked, "approval", "Reject",
+                             stack.artifacts("rejected-upgrade"))
+        assert airflow.follow("rolling_upgrade", asked, timeout=600) == "success"
+        assert _states(stack, "rolling_upgrade", asked) == {
+            "preflight": "success", "compatibility": "success", "approval": "success", "roll": "skipped",
+            "rebalance": "skipped", "verify": "skipped", "finish": "success"}
+        assert "job clicks_update: RUNNING on u1 at 4.2.0" in "\n".join(_task_log_events(stack, asked))
+        key = f"rolling_upgrade/{asked}"
+        trail = [(e.action, e.outcome, e.details.get("approver")) for e in audit.find(stack.settings.database_url,
+                                                                                        upgrade=key)]
+        assert ("upgrade.approval", "rejected", "admin") in trail and ("upgrade.end", "rejected", None) in trail
+        assert not [action for action, _, _ in trail if action.startswith(("drain.", "job.request_stop"))]
+        assert [(m["name"], m["version"], m["status"]) for m in stack.cluster.status()["members"]] == [
+            ("u1", "4.2.0", "ACTIVE")]
+        _committing_on(stack, name, first.id)
+
         # The replay before the drain is test_compat_matrix's; the static check stops this one (CO-AGG-01).
         upgrade = airflow.trigger("rolling_upgrade", {**CONF, "target_version": "4.2.1", "members": ["u1"],
                                                       "replay_check": False})
         assert airflow.follow("rolling_upgrade", upgrade, timeout=900) == "failed"
         assert _states(stack, "rolling_upgrade", upgrade) == {
-            "preflight": "success", "compatibility": "failed", "roll": "upstream_failed",
+            "preflight": "success", "compatibility": "failed", "approval": "upstream_failed", "roll": "upstream_failed",
             "rebalance": "upstream_failed", "verify": "upstream_failed", "finish": "failed"}
         logged = "\n".join(_task_log_events(stack, upgrade))
         assert "CO-AGG-01 job clicks_update, stage totals" in logged, logged[-3000:]

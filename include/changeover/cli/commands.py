@@ -406,8 +406,15 @@ UpgradeKey = Annotated[str, typer.Argument(help="The upgrade's key, DAG/RUN_ID, 
 
 
 @upgrade_app.command("status")
-def upgrade_status(key: UpgradeKey, as_json: JsonFlag = False) -> None:
+def upgrade_status(key: UpgradeKey, as_json: JsonFlag = False, follow: Annotated[bool, typer.Option(
+        "--follow", help="Show the roll live until it ends: a bar of members done, each member's phase, each job's "
+                         "moves and their downtime.")] = False) -> None:
     """Where an upgrade is: each member's phase and actual state, jobs asked to move, savepoints it holds."""
+    if follow:
+        from changeover.cli import progress
+
+        progress.follow(_settings(), key)
+        return
     found = recovery.status(_settings(), key)
     if as_json:
         out.print_json(json.dumps(found))
@@ -453,8 +460,16 @@ def events(
     rows = [{"at": as_utc(e.at).isoformat(timespec="seconds"), "actor": e.actor, "action": e.action,
              "subject": f"{e.subject_kind}:{e.subject}", "outcome": e.outcome, "upgrade": e.upgrade,
              "details": e.details} for e in found]
-    _emit(rows, as_json, [("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("SUBJECT", "subject"),
-                          ("OUTCOME", "outcome"), ("DETAILS", "details")])
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    # A block per event, not a table: an actor and its details are too long for columns in 80 characters.
+    for row in rows:
+        out.print(f"{row['at']}  {row['action']}  {row['outcome']}  {row['subject']}", overflow="fold")
+        out.print(f"  by {row['actor']}", overflow="fold")
+        details = "  ".join(f"{key}={json.dumps(value, default=str)}" for key, value in row["details"].items())
+        if details:
+            out.print(f"  {details}", overflow="fold")
 
 
 @upgrades_app.callback()

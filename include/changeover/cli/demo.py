@@ -14,7 +14,7 @@ from rich.console import Console
 from sqlalchemy import select
 
 from changeover import jobs
-from changeover.cli import local_airflow
+from changeover.cli import local_airflow, progress
 from changeover.cli.generator import Generator
 from changeover.cluster import Membership, membership_for, wait_for
 from changeover.cluster.runtimes import find_runtime, java_home
@@ -74,7 +74,8 @@ def run_demo(keep_airflow: bool = False) -> int:
         conf = {"target_version": TO_VERSION, "members": MEMBERS, "shutdown_timeout": 30}
         run_id = airflow.trigger("rolling_upgrade", conf)
         console.print(f"  run {run_id}: watch it at {airflow.url}/dags/rolling_upgrade/runs/{run_id}")
-        state = airflow.follow("rolling_upgrade", run_id, timeout=1800, on_change=_print_task)
+        state = airflow.follow("rolling_upgrade", run_id, timeout=1800, on_change=_print_task,
+                               on_poll=progress.ChangePrinter(settings, f"rolling_upgrade/{run_id}", console.print))
         if state != "success":
             console.print(f"[red]rolling_upgrade ended {state}; task logs under {airflow.home}/logs")
             return 1

@@ -168,10 +168,19 @@ class Standalone:
         reply.raise_for_status()
         return list(reply.json()["task_instances"])
 
-    def follow(self, dag_id: str, run_id: str, timeout: float, on_change: Any = None) -> str:
-        """Wait until the run ends; report each task's state change. Returns the run's final state."""
+    def await_question(self, dag_id: str, run_id: str, task_id: str, timeout: float = 600) -> None:
+        """Wait until a human-in-the-loop task asks for its answer (the UI's Required Actions then list it)."""
+        self.wait(lambda: any(ti["task_id"] == task_id and ti["state"] in ("awaiting_input", "deferred")
+                              for ti in self.task_instances(dag_id, run_id)), timeout,
+                  f"task {task_id} of run {run_id} asking for an answer")
+
+    def follow(self, dag_id: str, run_id: str, timeout: float, on_change: Any = None, on_poll: Any = None) -> str:
+        """Wait until the run ends; report each task's state change (and call `on_poll` at every look). Returns the
+        run's final state."""
         deadline, seen = time.monotonic() + timeout, {}
         while time.monotonic() < deadline:
+            if on_poll is not None:
+                on_poll()
             for ti in self.task_instances(dag_id, run_id):
                 now = (ti["state"], ti["try_number"])
                 if seen.get(ti["task_id"]) != now and on_change is not None:

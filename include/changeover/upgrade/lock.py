@@ -71,7 +71,8 @@ def busy(key: str, holder: UpgradeRun) -> ChangeoverError:
 
 
 def release(settings: Settings, upgrade_key: str, outcome: str, reason: str, missing_ok: bool = False) -> bool:
-    """End an upgrade (SUCCEEDED or FAILED) and free the lock. False when it had ended already."""
+    """End an upgrade (SUCCEEDED, FAILED, or REJECTED: its plan was not approved) and free the lock. False when it
+    had ended already."""
     with session_scope(settings.database_url) as s:
         run = s.scalar(select(UpgradeRun).where(UpgradeRun.key == upgrade_key))
         if run is None and missing_ok:
@@ -82,8 +83,9 @@ def release(settings: Settings, upgrade_key: str, outcome: str, reason: str, mis
         if run.active is None:
             return False
         run.status, run.finished_at, run.active = outcome, utcnow(), None
-        audit.record(s, "upgrade.end", "upgrade", upgrade_key, outcome="ok" if outcome == "SUCCEEDED" else "failed",
-                     status=outcome, reason=reason)
+        audit.record(s, "upgrade.end", "upgrade", upgrade_key,
+                     outcome={"SUCCEEDED": "ok", "REJECTED": "rejected"}.get(outcome, "failed"), status=outcome,
+                     reason=reason)
         return True
 
 
