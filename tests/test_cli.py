@@ -116,8 +116,8 @@ def test_an_upgrade_is_followed_with_a_bar_its_members_phases_and_the_moves_in_8
                          progress={"order": ["m1", "m2"], "phases": {"m1": "UPGRADED", "m2": "DRAINING"}}, active=1))
     printed: list[str] = []
     progress.ChangePrinter(settings, key, printed.append)()
-    assert printed == ["  (1/2 members done) member m1: upgraded, ACTIVE at 4.3.0",
-                       "  (1/2 members done) member m2: draining, ACTIVE at 4.2.0"]
+    assert printed == ["  [#-] 1/2 member m1: upgraded, ACTIVE at 4.3.0",
+                       "  [#-] 1/2 member m2: draining, ACTIVE at 4.2.0"]
     with session_scope(settings.database_url) as s:
         s.execute(update(UpgradeRun).where(UpgradeRun.key == key).values(status="SUCCEEDED", active=None))
     result = subprocess.run([*CLI, "upgrade", "status", key, "--follow"], timeout=120, capture_output=True,

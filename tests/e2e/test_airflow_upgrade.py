@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from changeover import audit, faults, jobs, savepoints
 from changeover.cli.generator import Generator
@@ -522,6 +523,11 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
         assert [(m["name"], m["version"], m["status"]) for m in stack.cluster.status()["members"]] == [
             ("u1", "4.2.0", "ACTIVE")]
         _committing_on(stack, name, first.id)
+        # The Changeover view is Airflow's: nobody signed in sees nothing of it. Its tasks link to it.
+        assert httpx.get(f"{airflow.url}/changeover/api/fleet", timeout=30).status_code in (401, 403)
+        links = airflow.api("GET", f"/dags/rolling_upgrade/dagRuns/{asked}/taskInstances/preflight/links").json()
+        assert links["extra_links"] == {"Changeover": f"/changeover/upgrades/rolling_upgrade/{asked}",
+                         "Spark master": f"/changeover/master-of/rolling_upgrade/{asked}"}, links
 
         # The replay before the drain is test_compat_matrix's; the static check stops this one (CO-AGG-01).
         upgrade = airflow.trigger("rolling_upgrade", {**CONF, "target_version": "4.2.1", "members": ["u1"],

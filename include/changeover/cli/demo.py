@@ -75,7 +75,8 @@ def run_demo(keep_airflow: bool = False) -> int:
         run_id = airflow.trigger("rolling_upgrade", conf)
         console.print(f"  run {run_id}: watch it at {airflow.url}/dags/rolling_upgrade/runs/{run_id}")
         state = airflow.follow("rolling_upgrade", run_id, timeout=1800, on_change=_print_task,
-                               on_poll=progress.ChangePrinter(settings, f"rolling_upgrade/{run_id}", console.print))
+                               on_poll=progress.ChangePrinter(settings, f"rolling_upgrade/{run_id}",
+                                                              lambda line: console.print(line, markup=False)))
         if state != "success":
             console.print(f"[red]rolling_upgrade ended {state}; task logs under {airflow.home}/logs")
             return 1

@@ -82,8 +82,8 @@ def follow(settings: Settings, key: str, interval: float = 2.0, until: Callable[
 
 
 class ChangePrinter:
-    """For a log that scrolls (the demo): each poll prints the members' phases and the moves that changed, with a
-    count of the members done."""
+    """For a log that scrolls (the demo): each poll prints the members' phases and the moves that changed, after a
+    text bar of the members done."""
 
     def __init__(self, settings: Settings, key: str, emit: Callable[[str], None]) -> None:
         self.settings, self.key, self.emit = settings, key, emit
@@ -97,4 +97,5 @@ class ChangePrinter:
         for line in now.lines():
             if line not in self.seen:
                 self.seen.add(line)
-                self.emit(f"  ({now.done}/{len(now.members)} members done) {line}")
+                bar = "#" * now.done + "-" * (len(now.members) - now.done)
+                self.emit(f"  [{bar}] {now.done}/{len(now.members)} {line}")
