@@ -19,8 +19,8 @@ from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from changeover_airflow.hooks import ChangeoverHook
+from changeover_airflow.links import PREFIX
 
-PREFIX = "/changeover"
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5rem;color:#1f2933}table{border-collapse:collapse;
 margin-bottom:1.5rem}td,th{border-bottom:1px solid #d9e2ec;padding:.3rem .8rem;text-align:left;font-size:.9rem}
 h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:1.5rem}.ACTIVE,.RUNNING,.SUCCEEDED,.COMPLETED{color:#18794e}

@@ -520,8 +520,8 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
                                                                                         upgrade=key)]
         assert ("upgrade.approval", "rejected", "admin") in trail and ("upgrade.end", "rejected", None) in trail
         assert not [action for action, _, _ in trail if action.startswith(("drain.", "job.request_stop"))]
-        assert [(m["name"], m["version"], m["status"]) for m in stack.cluster.status()["members"]] == [
-            ("u1", "4.2.0", "ACTIVE")]
+        assert [(m["name"], m["version"], m["status"]) for m in stack.cluster.status()["members"]
+                if m["name"] == "u1"] == [("u1", "4.2.0", "ACTIVE")]  # other tests' members may be on record
         _committing_on(stack, name, first.id)
         # The Changeover view is Airflow's: nobody signed in sees nothing of it. Its tasks link to it.
         assert httpx.get(f"{airflow.url}/changeover/api/fleet", timeout=30).status_code in (401, 403)

@@ -4,6 +4,7 @@ their downtime. `changeover upgrade status KEY --follow` shows it live; the demo
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from changeover.registry.models import Job, UpgradeRun
 from changeover.settings import Settings
 from changeover.upgrade import recovery
 
+log = logging.getLogger(__name__)
 DONE_PHASES = ("UPGRADED", "SKIPPED")
 
 
@@ -94,6 +96,9 @@ class ChangePrinter:
             now = snapshot(self.settings, self.key)
         except ChangeoverError:
             return  # the preflight has not recorded the upgrade yet
+        except Exception as exc:  # noqa: BLE001 - a busy or restarting registry: this look is skipped, not the run
+            log.warning("upgrade %s: progress not read this time (%s)", self.key, exc)
+            return
         for line in now.lines():
             if line not in self.seen:
                 self.seen.add(line)

@@ -17,6 +17,7 @@ and its queries then start with the job's own sinks from its own checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -144,7 +145,8 @@ class Follower:
         query = (stage.frame.writeStream.foreachBatch(write).outputMode(stage.output_mode)
                  .queryName(f"{stage.name}_follower").option("checkpointLocation", str(own))
                  .trigger(once=True).start())
-        query.awaitTermination()
+        with contextlib.suppress(Exception):  # it raises the query's failure, wrapped by py4j: read below instead
+            query.awaitTermination()
         failure = query.exception()
         if failure is not None:
             if Withdrawn.__name__ in str(failure):
