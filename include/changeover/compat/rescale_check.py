@@ -13,7 +13,7 @@ from changeover.compat import version_table
 from changeover.compat.checker import Report
 from changeover.compat.rules import Verdict
 from changeover.errors import ChangeoverError
-from changeover.runtime import state_partitions
+from changeover.runtime import checkpoints, state_partitions
 
 
 def check_count(count: int) -> None:
@@ -52,8 +52,7 @@ def require(job: str, savepoint: str, path: Path, version: str, count: int) -> l
     """Refuse, before anything is laid out or launched, a resume whose state cannot move to `count` partitions.
     Returns the stages that will be repartitioned."""
     report = Report(job, savepoint)
-    stages = sorted(p.name for p in (path / "stages").iterdir() if p.is_dir()) if (path / "stages").is_dir() else []
-    moving = add_findings(report, path, stages, version, count)
+    moving = add_findings(report, path, checkpoints.stage_names(path / "stages"), version, count)
     refused = [finding for finding in report.findings if finding.verdict > Verdict.COMPATIBLE_WITH_WARNING]
     if refused:
         raise ChangeoverError(f"resume of job {job} from savepoint {savepoint} with {count} state partitions",

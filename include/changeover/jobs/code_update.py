@@ -19,7 +19,7 @@ from changeover.jobs.shipping import JobCode, store_job_code
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Savepoint, utcnow
 from changeover.registry.states import Desired
-from changeover.runtime import state_partitions
+from changeover.runtime import checkpoints, state_partitions
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import routing
@@ -174,9 +174,9 @@ def rollback(settings: Settings, membership: Membership, job: str, old_code: dic
 
 def repartitioned_since(savepoint: Path, root: Path) -> bool:
     """Whether a stage's state in the checkpoint `root` has another count of partitions than in the savepoint."""
-    folders = [p for p in (savepoint / "stages").iterdir() if p.is_dir()] if (savepoint / "stages").is_dir() else []
-    for folder in folders:
-        before, now = state_partitions.partitions(folder), state_partitions.partitions(root / folder.name)
+    for stage in checkpoints.stage_names(savepoint / "stages"):
+        before = state_partitions.partitions(savepoint / "stages" / stage)
+        now = state_partitions.partitions(root / stage)
         if before is not None and now is not None and before != now:
             return True
     return False
