@@ -88,7 +88,7 @@ def keep(relative: str, batch: int, log_ends: dict[str, int] | None = None) -> b
 def source_log_ends(stage: Path, batch: int) -> dict[str, int]:
     """Each file source's `logOffset` in the offsets of `batch` (sources/<i> by i). Sources of other kinds, and
     sources with no offset yet ("-"), are left out."""
-    return _log_ends(stage, batch, _offset_entry(stage, batch))
+    return _log_ends(stage, batch, offset_entry(stage, batch))
 
 
 def _log_ends(stage: Path, batch: int, lines: list[str]) -> dict[str, int]:
@@ -269,10 +269,10 @@ def last_offsets(checkpoint: Path) -> int | None:
 
 def source_offsets(stage_checkpoint: Path, batch: int) -> list[object]:
     """The source offsets recorded for a batch: the lines after the header in offsets/<batch>."""
-    return _parsed(_offset_entry(stage_checkpoint, batch)[2:])
+    return _parsed(offset_entry(stage_checkpoint, batch)[2:])
 
 
-def _offset_entry(stage_checkpoint: Path, batch: int) -> list[str]:
+def offset_entry(stage_checkpoint: Path, batch: int) -> list[str]:
     """Spark's offset log entry of a batch, by line: a version line, the batch's metadata, then one line per
     source ("-" for a source with no offset yet). Empty when the batch has none."""
     try:

@@ -31,8 +31,7 @@ RESCALING = ".rescaling"  # in a run's checkpoint root while its driver repartit
 
 def batch_conf(stage: Path, batch: int) -> dict[str, str]:
     """The session confs Spark pinned in a batch's offset log entry (empty when the batch has no entry)."""
-    lines = (stage / "offsets" / str(batch)).read_text().splitlines() if (stage / "offsets" / str(batch)).exists() \
-        else []
+    lines = checkpoints.offset_entry(stage, batch)
     return dict(json.loads(lines[1]).get("conf") or {}) if len(lines) > 1 else {}
 
 
