@@ -71,10 +71,10 @@ def of_upgrade(settings: Settings, key: str, now: datetime | None = None) -> Tim
     for job in sorted(timeline.commits):
         timeline.commits[job].sort()
         for move in move_history.of(settings, job, since=start):
-            old_last = _last_commit_of(settings, move.from_run)
+            old_last = _commit_span(settings, move.from_run)[1]
             if old_last is None or old_last > end:
                 continue
-            new_first = _first_commit_of(settings, move.to_run)
+            new_first = _commit_span(settings, move.to_run)[0]
             downtime = f", {move.downtime:.1f} s" if move.downtime is not None else ""
             timeline.moves.append(MoveMark(job, old_last, new_first,
                                            f"{move.from_version} -> {move.to_version} {move.kind}{downtime}"))
@@ -111,13 +111,11 @@ def _commits(root: Path, start: datetime, end: datetime) -> list[datetime]:
     return found or []
 
 
-def _last_commit_of(settings: Settings, run_id: int) -> datetime | None:
+def _commit_span(settings: Settings, run_id: int) -> tuple[datetime | None, datetime | None]:
+    """A run's first and last commit times, as the registry has them."""
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
-        return as_utc(run.last_commit_at) if run is not None and run.last_commit_at else None
-
-
-def _first_commit_of(settings: Settings, run_id: int) -> datetime | None:
-    with session_scope(settings.database_url) as s:
-        run = s.get(JobRun, run_id)
-        return as_utc(run.first_commit_at) if run is not None and run.first_commit_at else None
+        if run is None:
+            return None, None
+        return (as_utc(run.first_commit_at) if run.first_commit_at else None,
+                as_utc(run.last_commit_at) if run.last_commit_at else None)
