@@ -1,7 +1,9 @@
 """Update a job's code: check (static + dry run) -> stop with a savepoint -> resume on the new code -> stability
 gate; on a failure the old code resumes from the same savepoint. The summary says what happened. With
 state_partitions the resume also repartitions the state (checked first); the rollback resumes the savepoint as it
-was, with its own count."""
+was, with its own count. With the strategy zero_downtime nothing stops at `stop`: `resume` starts a follower on the
+new code that replays the job's batches read-only and takes over at a batch boundary once it has caught up, where
+the savepoint is taken."""
 
 from datetime import timedelta
 
@@ -12,14 +14,14 @@ from changeover_airflow.operators import (
     CompatibilityCheckOperator,
     ResumeWithCodeOperator,
     RollbackJobOperator,
-    SavepointOperator,
     StabilityGateOperator,
+    UpdateStopOperator,
     UpdateSummaryOperator,
 )
 
 RUN = "{{ run_id | replace(':', '') | replace('+', '') }}"  # one run, one set of savepoint names, on every try
 JOB, CODE, RENAMES = "{{ params.job }}", "{{ params.code }}", "{{ params.rename_stages }}"
-PARTITIONS = "{{ params.state_partitions }}"
+PARTITIONS, STRATEGY = "{{ params.state_partitions }}", "{{ params.strategy }}"
 
 with DAG(
     dag_id="update_job",
@@ -45,6 +47,13 @@ with DAG(
         "state_partitions": Param(0, type="integer", minimum=0,
                                   description="Repartition the state to this many partitions on resume (RocksDB "
                                               "store, Spark 4.2+); 0 keeps each stage's count."),
+        "strategy": Param("", enum=["", "stop", "zero_downtime"],
+                          description="stop: stop with a savepoint, resume on the new code. zero_downtime: a "
+                                      "follower on the new code catches up read-only, then takes over from the next "
+                                      "batch. Empty: the job's option move_strategy (zero_downtime), else stop."),
+        "catch_up_seconds": Param(300, type="integer", minimum=10,
+                                  description="zero_downtime: how long the follower has to catch up before the "
+                                              "update is abandoned (the job keeps running its old code)."),
     },
     tags=["changeover"],
 ):
@@ -55,12 +64,15 @@ with DAG(
     approval = PlanApprovalOperator(task_id="approval", require_approval="{{ params.require_approval }}",
                                     subject="Approve the update of job {{ params.job }}?", plan_task_id="check",
                                     upgrade_step=False, retries=0)
-    stop = SavepointOperator(task_id="stop", job=JOB, savepoint_name=f"update-{RUN}", mode="stop")
+    stop = UpdateStopOperator(task_id="stop", job=JOB, savepoint_name=f"update-{RUN}", strategy=STRATEGY,
+                              rename_stages=RENAMES, allow_non_restored_state="{{ params.allow_non_restored_state }}",
+                              state_partitions=PARTITIONS)
     resume = ResumeWithCodeOperator(task_id="resume", job=JOB, savepoint_name=f"update-{RUN}",
                                     code="{{ ti.xcom_pull(task_ids='check', key='new_code') }}",  # as checked
                                     rename_stages=RENAMES,
                                     allow_non_restored_state="{{ params.allow_non_restored_state }}",
-                                    state_partitions=PARTITIONS)
+                                    state_partitions=PARTITIONS, strategy=STRATEGY,
+                                    catch_up_seconds="{{ params.catch_up_seconds }}")
     gate = StabilityGateOperator(task_id="gate", job=JOB, savepoint_name=f"update-{RUN}", rename_stages=RENAMES,
                                  batches="{{ params.stable_batches }}", max_lag_seconds="{{ params.max_lag_seconds }}",
                                  gate_timeout="{{ params.gate_timeout_seconds }}")

@@ -101,20 +101,22 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
     from airflow.sdk.exceptions import AirflowFailException
     from changeover import audit
     from changeover.registry.db import session_scope
-    from changeover.registry.models import Job, JobRun, Savepoint
+    from changeover.registry.models import Job, JobRun, Savepoint, utcnow
     from changeover_airflow.operators import StabilityGateOperator
     from changeover_airflow.triggers import ready
 
     with session_scope(settings.database_url) as s:
         s.add(Job(name="clicks", module="m", fault_tolerant=True, block_shutdown=False, options={}))
         s.flush()
+        stopped = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state="STOPPED",
+                         progress={"totals": 2}, ended_at=utcnow())  # the run the update stopped
         run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state="RUNNING",
                      progress={"totals": 3})
-        s.add(run)
+        s.add_all([stopped, run])
         s.flush()
         s.get(Job, "clicks").make_current(run)
         s.add(Savepoint(job="clicks", name="update-1", mode="stop", status="COMPLETED", path="/nowhere",
-                        size_bytes=0, spark_version="4.2.0", stages={"totals": 2}, run_id=run.id))
+                        size_bytes=0, spark_version="4.2.0", stages={"totals": 2}, run_id=stopped.id))
         run_id, launched = run.id, as_utc(run.submitted_at).timestamp()
     connection = {"conn_type": "generic", "extra": {"home": str(settings.home), "database_url": settings.database_url}}
     monkeypatch.setenv("AIRFLOW_CONN_CHANGEOVER_DEFAULT", json.dumps(connection))

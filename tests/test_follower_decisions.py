@@ -38,6 +38,7 @@ def test_the_largest_wait_around_a_move_is_the_file_that_arrived_as_the_old_run_
     before, after = tmp_path / "old" / "counts", tmp_path / "new" / "counts"
     for n in range(4):  # one file a second, each committed 1.2 s after it arrived
         batch(before, n, n, {n: T0 + n}, T0 + n + 1.2)
+    batch(before, 2, 2, {2: T0 + 2}, T0 + 11.0)  # a stall of the old run before the move (an executor lost): not its
     # the new run's checkpoint holds the old one's batches (a restored savepoint), then its own
     for n in range(4):
         batch(after, n, n, {n: T0 + n}, T0 + n + 1.2)

@@ -429,6 +429,41 @@ def test_a_standby_waits_while_its_predecessor_runs_and_starts_once_handed_the_c
     assert lease.decide(settings.database_url, "clicks", old) == "resume"
 
 
+def test_a_follower_on_new_code_brings_it_at_the_hand_over_and_a_reclaim_brings_the_old_back(settings: Settings,
+                                                                                              tmp_path) -> None:
+    """A zero-downtime update: the follower was launched with new code, which is the job's only once it owns the
+    job; the parked run that takes the job back (the follower failed before writing) brings its own code back."""
+    with session_scope(settings.database_url) as s:
+        s.add(Job(name="clicks", module="clicks_v1", code="/code/v1.zip", fault_tolerant=True, block_shutdown=False,
+                  options={}, desired="MOVE"))
+        s.flush()
+        run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://x", state="RUNNING", progress={})
+        s.add(run)
+        s.flush()
+        s.get(Job, "clicks").make_current(run)  # a run from before runs recorded their code
+        old = run.id
+    lease.park(settings.database_url, "clicks", old, {"totals": 4}, seconds=3600)
+    new_code = {"code": "/code/v2.zip", "module": "clicks_v2", "entry": "build"}
+    standby = _standby(settings, old)
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, standby).code = new_code
+        assert s.get(Job, "clicks").code == "/code/v1.zip"  # a standby is not the job's yet
+    assert warm.hand_over(settings, "clicks", standby, old, 1, tmp_path / "restored", "update-x")
+    with session_scope(settings.database_url) as s:
+        job = s.get(Job, "clicks")
+        assert (job.code, job.module, job.current_run_id) == ("/code/v2.zip", "clicks_v2", standby)
+        assert s.get(JobRun, old).code == {"code": "/code/v1.zip", "module": "clicks_v1", "entry": "build"}
+        failed = s.get(JobRun, standby)
+        failed.state, failed.ended_at = "FAILED", utcnow()
+    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    with session_scope(settings.database_url) as s:
+        job = s.get(Job, "clicks")
+        assert (job.code, job.module, job.current_run_id) == ("/code/v1.zip", "clicks_v1", old)
+    changes = [(e.details["after"], e.details["run"]) for e in audit.find(settings.database_url, job="clicks")
+               if e.action == "job.update_code"]
+    assert changes == [("/code/v2.zip", standby), ("/code/v1.zip", old)]
+
+
 def test_a_hand_over_is_refused_once_the_parked_run_resumed_and_skipped_for_an_ended_standby(settings: Settings,
                                                                                            tmp_path) -> None:
     old = _job_with_parked_run(settings, lease_left=3600)

@@ -15,8 +15,9 @@ from changeover.errors import ChangeoverError
 from changeover.jobs import code_update
 from changeover.jobs.shipping import store_job_code
 from changeover.registry.db import session_scope
-from changeover.registry.models import Job, JobRun, utcnow
+from changeover.registry.models import Job, JobRun, Savepoint, utcnow
 from changeover.settings import Settings
+from changeover.upgrade import zero_downtime
 
 JOB_CODE = "from changeover.runtime import Stage\n\n\ndef build(spark, ctx):\n    return []\n"
 
@@ -69,3 +70,48 @@ def test_a_rollback_leaves_a_job_that_still_runs_its_old_code(settings: Settings
     old = _job(settings, tmp_path, "RUNNING")
     assert code_update.rollback(settings, LocalCluster(settings), "orders", old, "update-x", "the check failed") is None
     assert not [e for e in audit.find(settings.database_url, job="orders") if e.action == "job.rollback"]
+
+
+def test_an_updates_strategy_is_asked_or_the_jobs_option_and_an_unknown_one_is_refused() -> None:
+    assert code_update.strategy_of(None, {}) == "stop"
+    assert code_update.strategy_of(None, {"move_strategy": "zero_downtime"}) == "zero_downtime"
+    assert code_update.strategy_of("stop", {"move_strategy": "zero_downtime"}) == "stop"  # the Param wins
+    with pytest.raises(ChangeoverError, match=r"update strategy 'blue_green'.*stop, zero_downtime.*pick one"):
+        code_update.strategy_of("blue_green", {})
+
+
+@pytest.mark.parametrize(("renames", "drops", "partitions", "why"), [
+    ({"totals": "sums"}, False, None, "it renames stages (totals -> sums)"),
+    ({}, True, None, "it drops state (allow_non_restored_state)"),
+    ({}, False, 8, "it repartitions the state (state_partitions 8)"),
+    ({}, False, None, None),
+])
+def test_a_zero_downtime_update_needs_every_stage_kept_as_it_is(renames: dict[str, str], drops: bool,
+                                                                partitions: int | None, why: str | None) -> None:
+    """Its follower replays the running job's batches on the new code: a stage renamed, dropped or repartitioned
+    has no batches of the running job to replay."""
+    assert code_update.zero_downtime_refusal(renames, drops, partitions) == why
+
+
+def test_a_zero_downtime_update_that_cannot_be_is_refused_before_anything_is_touched(settings: Settings,
+                                                                                   tmp_path: Path) -> None:
+    _job(settings, tmp_path, "RUNNING")
+    with pytest.raises(ChangeoverError, match="zero-downtime update of job orders: it renames stages.*strategy stop"):
+        code_update.cut_over(settings, None, "orders", _new_code(tmp_path), "update-x",  # type: ignore[arg-type]
+                             zero_downtime.CatchUp(), renames={"totals": "sums"})
+
+
+def test_the_gate_fails_at_once_when_the_run_of_its_savepoint_has_the_job_again(settings: Settings,
+                                                                                tmp_path: Path) -> None:
+    """A zero-downtime update's follower failed on its first write after the cut-over, and the parked run took the
+    job back: that run commits on, on the old code, and must not pass for the new code."""
+    _job(settings, tmp_path, "RUNNING")
+    with session_scope(settings.database_url) as s:
+        run = s.get(Job, "orders").current_run_id
+        live = s.get(JobRun, run)
+        live.progress, live.last_commit_at = {"totals": 40}, utcnow()
+        s.add(Savepoint(job="orders", name="update-x", mode="stop", status="COMPLETED", path=str(tmp_path),
+                        size_bytes=0, spark_version="4.2.0", stages={"totals": 30}, run_id=run))
+    result = code_update.stability(settings, None, "orders", "update-x", 5, 60)  # type: ignore[arg-type]
+    assert (result.stable, result.ended, result.run) == (False, True, run)
+    assert "runs the job again: the run of the new code ended before it wrote anything" in result.reason

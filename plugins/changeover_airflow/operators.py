@@ -11,11 +11,11 @@ from airflow.sdk.exceptions import AirflowSkipException
 from changeover import audit, jobs, savepoints
 from changeover.cluster import Membership, membership_for
 from changeover.errors import ChangeoverError, NeedsOperator
-from changeover.jobs import code_update
+from changeover.jobs import code_update, move_history
 from changeover.settings import Settings
 from changeover.upgrade import lock, maintenance, member_upgrade, roll, verify
 from changeover.upgrade.windows import DrainWindow
-from changeover.upgrade.zero_downtime import CatchUp
+from changeover.upgrade.zero_downtime import CatchUp, CatchUpTimedOut
 
 from changeover_airflow.hooks import ChangeoverHook
 from changeover_airflow.links import ChangeoverViewLink, SparkMasterLink
@@ -472,27 +472,84 @@ class CompatibilityCheckOperator(ChangeoverOperator):
         return reports
 
 
-class ResumeWithCodeOperator(ChangeoverOperator):
-    """Resumes a stopped job from its savepoint on new code. A retry finds the run it launched and returns it."""
+def _update_strategy(settings: Settings, job: str, asked: Any) -> str:
+    """An update's strategy: the Param's, else the job's option (`code_update.strategy_of`)."""
+    return code_update.strategy_of(str(asked) if asked else None, jobs.options_of(settings, job))
 
-    template_fields: Sequence[str] = ("changeover_conn_id", "job", "code", "savepoint_name", "rename_stages",
+
+class UpdateStopOperator(SavepointOperator):
+    """An update's stop with a savepoint; with the strategy zero_downtime the job is not stopped here (the resume
+    task's follower takes it over at a batch boundary), and an update that cannot go zero-downtime is refused
+    before anything is touched."""
+
+    template_fields: Sequence[str] = (*SavepointOperator.template_fields, "strategy", "rename_stages",
                                       "allow_non_restored_state", "state_partitions")
 
+    def __init__(self, *, strategy: Any = None, rename_stages: Any = None, allow_non_restored_state: Any = False,
+                 state_partitions: Any = None, **kwargs: Any) -> None:
+        super().__init__(mode="stop", **kwargs)
+        self.strategy, self.rename_stages = strategy, rename_stages
+        self.allow_non_restored_state, self.state_partitions = allow_non_restored_state, state_partitions
+
+    def execute(self, context: Any, event: dict[str, Any] | None = None,
+                deadline: float | None = None) -> dict[str, Any]:
+        settings, _ = self._setup(context)
+        if _update_strategy(settings, self.job, self.strategy) != "zero_downtime":
+            return super().execute(context, event, deadline)
+        why = code_update.zero_downtime_refusal(self.rename_stages, _bool(self.allow_non_restored_state),
+                                               _partitions(self.state_partitions))
+        if why is not None:
+            raise ChangeoverError(f"zero-downtime update of job {self.job}", why, "update it with the strategy "
+                                  "stop, which stops the job with a savepoint and resumes it on the new code")
+        self.log.info("zero_downtime: job %s is not stopped; the resume task's follower takes it over at a batch "
+                      "boundary, and savepoint %s is taken there", self.job, self.savepoint_name)
+        return {"job": self.job, "savepoint": None, "strategy": "zero_downtime"}
+
+
+class ResumeWithCodeOperator(ChangeoverOperator):
+    """Resumes a stopped job from its savepoint on new code. A retry finds the run it launched and returns it.
+    With the strategy zero_downtime the job was not stopped: a follower on the new code catches up with it
+    read-only and takes over at a batch boundary, where the savepoint is taken (`code_update.cut_over`); the task
+    waits in the triggerer between its steps."""
+
+    template_fields: Sequence[str] = ("changeover_conn_id", "job", "code", "savepoint_name", "rename_stages",
+                                      "allow_non_restored_state", "state_partitions", "strategy",
+                                      "catch_up_seconds")
+
     def __init__(self, *, job: str, code: Any, savepoint_name: str, rename_stages: Any = None,
-                 allow_non_restored_state: Any = False, state_partitions: Any = None, **kwargs: Any) -> None:
+                 allow_non_restored_state: Any = False, state_partitions: Any = None, strategy: Any = None,
+                 catch_up_seconds: Any = CatchUp.seconds, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.job, self.code, self.savepoint_name = job, code, savepoint_name
         self.rename_stages, self.allow_non_restored_state = rename_stages, allow_non_restored_state
-        self.state_partitions = state_partitions
+        self.state_partitions, self.strategy, self.catch_up_seconds = state_partitions, strategy, catch_up_seconds
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Any, event: dict[str, Any] | None = None,
+                deadline: float | None = None) -> dict[str, Any]:
         settings, cluster = self._setup(context)
-        run = code_update.resume_with(settings, cluster, str(self.job), self.code, self.savepoint_name,
-                                 renames=self.rename_stages or {},
-                                 allow_non_restored_state=_bool(self.allow_non_restored_state),
-                                 state_partitions=_partitions(self.state_partitions))
+        options = {"renames": self.rename_stages or {},
+                   "allow_non_restored_state": _bool(self.allow_non_restored_state),
+                   "state_partitions": _partitions(self.state_partitions)}
+        if _update_strategy(settings, str(self.job), self.strategy) == "zero_downtime":
+            catch_up = CatchUp(seconds=float(self.catch_up_seconds))
+            try:
+                run = code_update.cut_over(settings, cluster, str(self.job), self.code, self.savepoint_name,
+                                           catch_up, **options)
+            except CatchUpTimedOut as exc:  # a retry would wait as long again: the update fails, the job runs on
+                from airflow.sdk.exceptions import AirflowFailException
+
+                raise AirflowFailException(str(exc)) from exc
+            if run is None:  # the job runs on while its follower starts or catches up
+                self._defer("follow", str(self.job), settings, timeout=catch_up.seconds + 600, deadline=deadline)
+        else:
+            run = code_update.resume_with(settings, cluster, str(self.job), self.code, self.savepoint_name, **options)
+        assert run is not None
         return {"job": self.job, "run": run.id, "spark_version": run.spark_version, "from": run.from_savepoint,
                 "state_partitions": run.state_partitions}
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None,
+                         deadline: float | None = None) -> dict[str, Any]:
+        return self.execute(context, event, deadline)
 
 
 class StabilityGateOperator(ChangeoverOperator):
@@ -597,6 +654,11 @@ class UpdateSummaryOperator(ChangeoverOperator):
                    "verdicts": {job: r["verdict"] for job, r in reports.items()},
                    "stability": stability.get("reason"),
                    "downtime_seconds": code_update.downtime(settings, str(self.job), self.savepoint_name)}
+        resumed = ti.xcom_pull(task_ids="resume") or {}
+        took = [m for m in move_history.of(settings, str(self.job)) if m.to_run == resumed.get("run")]
+        if took and took[-1].zero_downtime:  # its follower's cut-over: how long an input file waited for the sink
+            move_history.record(settings, took[-1:])
+            summary.update(strategy="zero_downtime", largest_gap_seconds=took[-1].freshness)
         self.log.info("update of job %s: %s", self.job, summary)
         if outcome != "updated":
             raise AirflowFailException(f"job {self.job} was not updated: {outcome}; {summary}")

@@ -38,6 +38,8 @@ def _ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | 
         result = code_update.stability(settings, membership_for(settings), subject, params["savepoint"],
                                   int(params["batches"]), float(params["max_lag_seconds"]), params.get("renames") or {})
         return result.stable or result.ended, {"stable": result.stable, "reason": result.reason}
+    if kind == "follow":  # a zero-downtime update's follower: its next step (`code_update.cut_over`) looks itself
+        return True, {}
     waiting = member_upgrade.jobs_stopping(settings)
     if kind == "stop":  # one job asked to stop at a batch boundary
         return subject not in waiting, {"stopping": waiting}

@@ -21,6 +21,7 @@ from sqlalchemy import select, update
 from changeover import audit
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
+from changeover.registry.records import own_job
 from changeover.registry.states import Desired, RunState
 from changeover.runtime.sinks import WriteContext, from_description
 from changeover.timeutil import as_utc
@@ -190,7 +191,7 @@ def decide(url: str, job: str, run_id: int) -> Decision:
                          **({"reason": verdict.reason} if verdict.reason else {}))
         elif verdict.decision == "resume":
             if verdict.reclaim:
-                row.make_current(run)
+                own_job(s, row, run, "the parked run took its job back")
             if verdict.run_again:
                 row.desired = Desired.RUN
             _resume(s, job, run, str(verdict.reason),

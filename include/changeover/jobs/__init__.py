@@ -23,7 +23,7 @@ from changeover.jobs.spark_settings import SparkSettings, state_store_confs
 from changeover.names import check_name
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Member, utcnow
-from changeover.registry.records import LIVE, STANDBY, current_run, get_job
+from changeover.registry.records import LIVE, STANDBY, current_run, get_job, own_job
 from changeover.registry.states import PARKED_FORMS, Desired, RunState
 from changeover.runtime import checkpoints
 from changeover.savepoints import get_savepoint, restore
@@ -177,6 +177,12 @@ def resume(
                   rewind_sink=rewind_sink, accept_duplicates=accept_duplicates, state_partitions=state_partitions)
 
 
+def options_of(settings: Settings, job_name: str) -> dict[str, Any]:
+    """The job's options (refused with the known jobs when there is no such job)."""
+    with session_scope(settings.database_url) as s:
+        return dict(get_job(s, job_name).options or {})
+
+
 def fault_tolerant_jobs(settings: Settings) -> list[str]:
     with session_scope(settings.database_url) as s:
         return list(s.scalars(select(Job.name).where(Job.fault_tolerant.is_(True)).order_by(Job.name)))
@@ -194,6 +200,7 @@ def launch(
     allow_non_restored_state: bool = False,
     copy_from: JobRun | None = None,
     state_partitions: int | None = None,
+    code: dict[str, str] | None = None,
 ) -> JobRun:
     """Place a Python driver on a worker of the version group through the master's REST server, for `intent`
     (`jobs.intents`: what must still hold, under the job row's lock, for the launch to go ahead).
@@ -202,6 +209,7 @@ def launch(
     is the job's current one: a run declared dead whose driver still runs is fenced before the copy, so no batch it
     writes can fall between the copy and the hand-over (the successor would plan that batch id again). A run that
     continues one which was to repartition its state keeps that count: a repartition cut short is finished first.
+    code: other code than the job's (`Job.code_of`), which becomes the job's once this run owns it.
     """
     if copy_from is not None and state_partitions is None:
         state_partitions = copy_from.state_partitions
@@ -214,7 +222,7 @@ def launch(
         raise ChangeoverError(f"launch of job {job_name} on the {version} group",
                               f"its master now serves Spark {served}", "retry: routing will pick the group again")
     admitted = _admit(settings, job_name, version, master, checkpoint_root, intent, from_savepoint, copy_from,
-                      state_partitions)
+                      state_partitions, code)
     if copy_from is not None:
         _lay_out(settings, admitted, copy_from, checkpoint_root or Path())
     try:
@@ -257,7 +265,7 @@ class _Admitted:
 
 def _admit(settings: Settings, job_name: str, version: str, master: Any, checkpoint_root: Path | None,
            intent: Intent, from_savepoint: str | None, copy_from: JobRun | None,
-           state_partitions: int | None = None) -> _Admitted:
+           state_partitions: int | None = None, code: dict[str, str] | None = None) -> _Admitted:
     """Under the job row's lock: the intent's precondition, then the run on record (the job's current one, under a
     new epoch, unless it is a standby), with the launch's first half in the audit."""
     with session_scope(settings.database_url) as s:
@@ -272,19 +280,25 @@ def _admit(settings: Settings, job_name: str, version: str, master: Any, checkpo
         run = JobRun(job=job_name, spark_version=version, master_url=master_url(master),
                      state="SUBMITTED" if standby_of is None else STANDBY, standby_of=standby_of,
                      checkpoint_root=str(checkpoint_root) if checkpoint_root else None,
-                     from_savepoint=from_savepoint, progress={}, state_partitions=state_partitions)
+                     from_savepoint=from_savepoint, progress={}, state_partitions=state_partitions,
+                     code=code or job.code_of())
         s.add(run)
         s.flush()
         desired_before = job.desired
         if intent.makes_current:
-            job.make_current(run)
+            before = current_run(s, job)
+            if before is not None and before.code is None:  # recorded before runs had code: what it runs, so that
+                before.code = job.code_of()  # taking the job back (a failed launch, its lease) brings it back
+            own_job(s, job, run, f"launched with other code ({intent.__class__.__name__})")
             job.desired = Desired.RUN
         # The launch's first half, on record with the run: its second (`job.launch`, with the master's
         # submission id) may be lost with the task, and the driver then reconciles it.
         audit.record(s, "job.launch.begin", "job", job_name, run=run.id, version=version,
                      from_savepoint=from_savepoint,
                      **({"state_partitions": state_partitions} if state_partitions is not None else {}))
-        return _Admitted(job_name, run.id, desired_before, job.module, job.entry, job.code,
+        launched = run.code or {}
+        return _Admitted(job_name, run.id, desired_before, launched["module"], launched["entry"],
+                         launched["code"] or None,
                          SparkSettings.from_options(job.options.get("spark") or {}),
                          float(job.options.get("stop_deadline_seconds", 60)), lease.length_of(job),
                          state_store_confs(job.options), state_partitions)
@@ -320,7 +334,7 @@ def _hand_back(settings: Settings, admitted: _Admitted, previous: int | None, ex
         before = s.get(JobRun, previous) if previous is not None else None
         assert run is not None
         if before is not None and job.current_run_id == run_id:
-            job.make_current(before)
+            own_job(s, job, before, f"the launch of run {run_id} failed; back to run {before.id}")
             if job.desired == Desired.RUN:  # what the launch set; a stop asked since is left as it is
                 job.desired = admitted.desired_before
         if run.ended_at is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 
@@ -22,16 +23,16 @@ from changeover.registry.states import Desired
 from changeover.runtime import checkpoints, state_partitions
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from changeover.upgrade import routing
+from changeover.upgrade import relocate, routing, warm, zero_downtime
 
 Code = str | dict[str, str]  # new code to ship (a path or module), or code already shipped (current_code)
+STRATEGIES = ("stop", "zero_downtime")
 
 
 def current_code(settings: Settings, job: str) -> dict[str, str]:
     """The job's shipped code, as a rollback puts it back."""
     with session_scope(settings.database_url) as s:
-        row = jobs.get_job(s, job)
-        return {"code": row.code or "", "module": row.module, "entry": row.entry}
+        return jobs.get_job(s, job).code_of()
 
 
 def shipped(settings: Settings, job: str, code: Code) -> JobCode:
@@ -95,6 +96,52 @@ def switch_code(settings: Settings, job_name: str, code: Code, why: str) -> bool
         return True
 
 
+def strategy_of(asked: str | None, options: dict[str, Any]) -> str:
+    """An update's strategy: the one asked for (the DAG's Param), else zero_downtime where the job's option
+    move_strategy says so, else stop (stop with a savepoint, then resume on the new code)."""
+    chosen = asked or ("zero_downtime" if options.get("move_strategy") == "zero_downtime" else "stop")
+    if chosen not in STRATEGIES:
+        raise ChangeoverError(f"update strategy {chosen!r}", f"the strategies are {', '.join(STRATEGIES)}",
+                              "pick one of them (the DAG's strategy Param, or the job's option move_strategy)")
+    return chosen
+
+
+def zero_downtime_refusal(renames: dict[str, str] | None, allow_non_restored_state: bool,
+                          state_partitions: int | None) -> str | None:
+    """Why an update cannot go zero-downtime, or None: its follower replays the running job's batches on the new
+    code, so each stage must keep its name, its state and its partitions."""
+    if renames:
+        return f"it renames stages ({', '.join(f'{a} -> {b}' for a, b in renames.items())})"
+    if allow_non_restored_state:
+        return "it drops state (allow_non_restored_state)"
+    if state_partitions:
+        return f"it repartitions the state (state_partitions {state_partitions})"
+    return None
+
+
+def cut_over(settings: Settings, membership: Membership, job: str, code: Code, savepoint: str,
+             catch_up: zero_downtime.CatchUp, renames: dict[str, str] | None = None,
+             allow_non_restored_state: bool = False, state_partitions: int | None = None) -> JobRun | None:
+    """The next step of a zero-downtime update (seed 001): a follower on the new code replays the running job's
+    batches read-only from a `continue` savepoint, and once it has caught up it takes over from the next batch; the
+    job never stops before then. The old run's savepoint at the cut-over is `savepoint`, as after a stop, so the
+    gate counts from it and a rollback resumes it. Returns the new run once it owns the job, None while the job
+    runs on as it is. Safe to repeat (`relocate.step`)."""
+    why = zero_downtime_refusal(renames, allow_non_restored_state, state_partitions)
+    if why is not None:
+        raise ChangeoverError(f"zero-downtime update of job {job}", why, "update it with the strategy stop, which "
+                              "stops the job with a savepoint and resumes it on the new code")
+    new = shipped(settings, job, code)
+    wanted = {"code": str(new.artifact), "module": new.module, "entry": new.entry}
+    relocate.step(settings, membership, job, routing.target_version(settings), reason="update",
+                  strategy="zero_downtime", catch_up=catch_up, code=wanted, savepoint_name=savepoint)
+    current = jobs.refresh(settings, membership, job)
+    # only a run of the new code: a parked run that took the job back, or one continued from a killed run's
+    # checkpoint, runs the old one, and the next step tries again
+    return current if current is not None and current.state in jobs.LIVE and warm.runs_code(current, wanted) \
+        else None
+
+
 def resume_with(settings: Settings, membership: Membership, job: str, code: Code, savepoint: str,
                 renames: dict[str, str] | None = None, allow_non_restored_state: bool = False,
                 rewind_sink: bool = False, why: str = "update", state_partitions: int | None = None) -> JobRun:
@@ -104,7 +151,10 @@ def resume_with(settings: Settings, membership: Membership, job: str, code: Code
     with session_scope(settings.database_url) as s:
         row = jobs.get_job(s, job)
         run = jobs.current_run(s, row)
-        ours = run is not None and run.from_savepoint == savepoint and run.submission_id is not None
+        saved = savepoints.get_savepoint(s, job, savepoint)
+        # launched from the savepoint, or (a zero-downtime update) the follower that took over from its run
+        ours = run is not None and run.submission_id is not None and (
+            run.from_savepoint == savepoint or (run.standby_of is not None and run.standby_of == saved.run_id))
         if ours and row.code == str(shipped(settings, job, code).artifact) and run.state_partitions == state_partitions:
             assert run is not None
             s.expunge(run)
@@ -115,7 +165,6 @@ def resume_with(settings: Settings, membership: Membership, job: str, code: Code
             raise ChangeoverError(f"{why} of job {job}", f"its run {run.id} ({run.state}) was started meanwhile, "
                                   "not by this update", "leave it running, or stop it with a savepoint and start "
                                   "the update again")
-        saved = savepoints.get_savepoint(s, job, savepoint)
         path, written_by = Path(saved.path), saved.spark_version
     savepoints.verify(path)  # before anything is replaced: a corrupted savepoint stops here
     require_resumable(written_by, routing.target_version(settings), f"{why} of job {job} from {savepoint}")
@@ -132,6 +181,10 @@ def rollback(settings: Settings, membership: Membership, job: str, old_code: dic
     """Back to the old code from the update's savepoint, with the sinks rewound to its batch so that the new
     code's writes are replaced by the old code's. None when the job never left its old code (the check failed,
     or the stop was given up); a stop requested but not completed is waited for, then undone by a resume."""
+    current = jobs.refresh(settings, membership, job)
+    if current is not None and not warm.runs_code(current, old_code):
+        # a zero-downtime update's follower on the new code took over, and its try died before the savepoint
+        relocate.settle_cut_over(settings, job, current, "update", None, savepoint)
     with session_scope(settings.database_url) as s:
         row = jobs.get_job(s, job)
         run = jobs.current_run(s, row)
@@ -147,6 +200,12 @@ def rollback(settings: Settings, membership: Membership, job: str, old_code: dic
     if on_old_code and live and from_update:
         return jobs.refresh(settings, membership, job)  # rolled back by an earlier try
     if on_old_code and live and desired != Desired.STOP:
+        assert run is not None
+        standby = warm.standby_of(settings, membership, run.id)
+        if standby is not None:  # a zero-downtime update's follower, not handed the job: it ends, unused
+            zero_downtime.abort(settings, membership, job, standby, f"the update was rolled back: {why}")
+        if desired == Desired.MOVE:  # asked to park for that follower: it runs on, not after a lease
+            relocate.withdraw(settings, membership, job, f"the update was rolled back: {why}")
         return None
     if on_old_code and live:  # the update's stop is under way: let it end at its boundary, then resume
         wait_for(lambda: (r := jobs.refresh(settings, membership, job)) is None or r.state not in jobs.LIVE,
@@ -201,7 +260,8 @@ def stability(settings: Settings, membership: Membership, job: str, savepoint: s
     if run is None:
         raise ChangeoverError(f"stability of job {job}", "it has no run", "resume it first")
     with session_scope(settings.database_url) as s:
-        saved = savepoints.get_savepoint(s, job, savepoint).stages or {}
+        row = savepoints.get_savepoint(s, job, savepoint)
+        saved, taken_at, saved_of = row.stages or {}, as_utc(row.created_at).timestamp(), row.run_id
     start = {(renames or {}).get(stage, stage): batch for stage, batch in saved.items()}
     progress = run.progress or {}
     root = Path(run.checkpoint_root) if run.checkpoint_root else None
@@ -214,9 +274,15 @@ def stability(settings: Settings, membership: Membership, job: str, savepoint: s
 
     done = min((done_in(stage) for stage in progress), default=0)
     lag = (utcnow() - as_utc(run.last_commit_at)).total_seconds() if run.last_commit_at else None
-    seen = {"run": run.id, "batches": done, "lag_seconds": lag, "launched_at": as_utc(run.submitted_at).timestamp()}
+    # a zero-downtime update's run was launched long before its savepoint, taken at its cut-over: its time counts
+    # from then
+    launched = max(as_utc(run.submitted_at).timestamp(), taken_at)
+    seen = {"run": run.id, "batches": done, "lag_seconds": lag, "launched_at": launched}
     if run.state not in jobs.LIVE:
         return Stability(False, f"run {run.id} is {run.state}: {gist(run.error)}", ended=True, **seen)
+    if run.id == saved_of:  # a zero-downtime update's follower failed before it wrote: the old code took the job back
+        return Stability(False, f"run {run.id}, whose savepoint {savepoint} this is, runs the job again: the run of "
+                         "the new code ended before it wrote anything", ended=True, **seen)
     if done < batches:
         return Stability(False, f"{done} of {batches} batches committed", **seen)
     if lag is None or lag > max_lag_seconds:

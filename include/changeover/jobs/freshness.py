@@ -16,7 +16,7 @@ from pathlib import Path
 
 from changeover.runtime import checkpoints
 
-AROUND = 3  # batches on each side of the cut-over
+AROUND = 3  # the new run's first batches, from the cut-over's on
 
 
 def arrivals(stage: Path, batch: int) -> list[float] | None:
@@ -56,14 +56,16 @@ def _committed_at(stage: Path, batch: int) -> float | None:
 
 
 def largest_gap(before: Path, after: Path, around: int = AROUND) -> float | None:
-    """The largest arrival-to-commit gap of the files read by the last `around` batches of the run that gave a stage
-    up (checkpoint `before`) and the first `around` of the run that took it (`after`). None without file input."""
+    """The largest arrival-to-commit gap of the files read by the first `around` batches of the run that took a stage
+    over (`after`) from the run that gave it up (checkpoint `before`): every file that arrived after the old run
+    planned its last batch is among them, those that waited out the cut-over first. The old run's own batches are
+    not the move's: they carry whatever happened to the job before it (an executor lost in an earlier drain, say).
+    None without file input."""
     last = checkpoints.last_commit(before)
     if last is None:
         return None
     gaps: list[float] = []
-    batches = [(before, b) for b in range(max(last - around + 1, 0), last + 1)]
-    batches += [(after, b) for b in range(last + 1, last + around + 1)]
+    batches = [(after, b) for b in range(last + 1, last + around + 1)]
     for stage, batch in batches:
         committed = _committed_at(stage, batch)
         read = arrivals(stage, batch) if committed is not None else None

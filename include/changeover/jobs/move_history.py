@@ -13,9 +13,10 @@ from functools import cached_property
 
 from sqlalchemy import or_, select
 
+from changeover import audit
 from changeover.jobs import freshness
 from changeover.registry.db import session_scope
-from changeover.registry.models import JobRun
+from changeover.registry.models import Event, JobRun
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 
@@ -65,3 +66,17 @@ def of(settings: Settings, job: str, since: datetime | None = None) -> list[Move
                           after.standby_of is not None, after.following_since is not None,
                           (before.checkpoint_root, after.checkpoint_root)))
     return found
+
+
+def record(settings: Settings, moves: list[Move], upgrade_key: str | None = None) -> None:
+    """Each move's downtime and freshness for `changeover events` (`job.move.freshness`), once: a retried verify or
+    summary finds them recorded. upgrade_key: the upgrade that moved them (None: a job's update)."""
+    names = sorted({move.job for move in moves})
+    with session_scope(settings.database_url) as s:
+        recorded = {(e.subject, e.details.get("to_run")) for e in s.scalars(select(Event).where(
+            Event.action == "job.move.freshness", Event.subject.in_(names))) if e.details.get("upgrade") == upgrade_key}
+        for move in moves:
+            if (move.job, move.to_run) not in recorded:
+                audit.record(s, "job.move.freshness", "job", move.job, upgrade=upgrade_key, from_run=move.from_run,
+                             to_run=move.to_run, move=move.kind, downtime_seconds=move.downtime,
+                             largest_gap_seconds=move.freshness)

@@ -82,10 +82,20 @@ class Job(Base):
     epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    def make_current(self, run: JobRun) -> None:
-        """`run` owns the job from now on, under a new epoch. The caller holds the job row's lock."""
+    def make_current(self, run: JobRun) -> bool:
+        """`run` owns the job from now on, under a new epoch, and the job's code is the code it runs (a zero-downtime
+        update's follower runs new code before it owns the job; a parked run that takes it back, the old). True
+        when that changed the job's code. The caller holds the job row's lock."""
         self.epoch = (self.epoch or 0) + 1
         self.current_run_id, run.epoch = run.id, self.epoch
+        if run.code is None or run.code.get("code") == self.code:
+            return False
+        self.module, self.code, self.entry = run.code["module"], run.code["code"], run.code["entry"]
+        return True
+
+    def code_of(self) -> dict[str, str]:
+        """The job's code as a run records it."""
+        return {"code": self.code or "", "module": self.module, "entry": self.entry}
 
 
 class JobRun(Base):
@@ -127,6 +137,7 @@ class JobRun(Base):
     following_since: Mapped[datetime | None]
     # the count of state partitions its driver repartitions restored stages to before they start (None: as saved)
     state_partitions: Mapped[int | None]
+    code: Mapped[dict[str, str] | None] = mapped_column(JSON)  # what it was launched with (`Job.code_of`)
 
     @property
     def parked(self) -> bool:

@@ -69,11 +69,15 @@ def step(
     upgrade_key: str | None = None,
     strategy: str | None = None,
     catch_up: zero_downtime.CatchUp | None = None,
+    code: dict[str, str] | None = None,
+    savepoint_name: str | None = None,
 ) -> bool:
     """Advance the move of one job. True once it runs (or is launched) on the target version, off avoid_member.
     strategy: warm (a standby ready before the stop, where there is room) or zero_downtime (that standby also
     follows the live run read-only until it has caught up, `upgrade.zero_downtime`); by default the job's option
-    move_strategy, else warm."""
+    move_strategy, else warm. code: the successor runs this code (`Job.code_of`), which is the job's from the
+    hand-over on (a zero-downtime update). savepoint_name: the name of the savepoint at the stop, instead of one
+    made of `reason`."""
     run = jobs.refresh(settings, membership, job_name)
     with session_scope(settings.database_url) as s:
         job = jobs.get_job(s, job_name)
@@ -83,25 +87,21 @@ def step(
         raise ChangeoverError(f"move of job {job_name}", "it was never launched", "submit it first")
 
     def observed(run: JobRun) -> Observed:
-        placed = run.spark_version == target_version and (avoid_member is None or run.member != avoid_member)
+        placed = (run.spark_version == target_version and (avoid_member is None or run.member != avoid_member)
+                  and warm.runs_code(run, code))
         return Observed(run.state, desired, placed, run.state == RunState.KILLED and _draining(settings, run.member))
 
     decision = decide(observed(run))
     if decision == "done":
-        predecessor = _followed(settings, run)
-        if predecessor is not None:  # a retry after the hand-over: the cut-over's savepoint is taken once
-            try:
-                zero_downtime.cutover_savepoint(settings, job_name, predecessor, reason, upgrade_key)
-            except ChangeoverError as exc:  # the move is done; only its rollback point is missing, and said so
-                log.warning("job %s: the savepoint of run %s at its cut-over was not taken: %s", job_name,
-                            predecessor.id, exc)
+        settle_cut_over(settings, job_name, run, reason, upgrade_key, savepoint_name)
         return True
     if decision == "stopped_by_user":
         raise ChangeoverError(f"move of job {job_name}", "a user stopped it with a savepoint",
                               f"resume it yourself with `changeover submit {job_name} --from-savepoint NAME`")
     if decision == "stop":
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
-        readiness = (warm.prepare(settings, membership, job_name, run, target_version, following)
+        readiness = (warm.prepare(settings, membership, job_name, run, target_version, following, code,
+                                  leaving_member=avoid_member is not None)
                      if desired == Desired.RUN else _ready_standby(settings, membership, run.id))
         if readiness == "warming":
             return False  # the job runs on while its successor starts
@@ -126,24 +126,25 @@ def step(
     if decision == "save_and_launch":
         standby = warm.standby_of(settings, membership, run.id)
         if (standby is not None and standby.following_since is not None and standby.checkpoint_root
-                and standby.spark_version == target_version
+                and standby.spark_version == target_version and warm.runs_code(standby, code)
                 and warm.hand_over(settings, job_name, standby.id, run.id, run.parks, Path(standby.checkpoint_root),
                                    str(standby.from_savepoint))):
-            zero_downtime.cutover_savepoint(settings, job_name, run, reason, upgrade_key)
+            zero_downtime.cutover_savepoint(settings, job_name, run, reason, upgrade_key, savepoint_name)
             return True
         # One savepoint per stop: a run that resumed when its lease ran out and stopped again gets a new one.
-        name = f"{reason}-run{run.id}-stop{run.parks}"
+        name = savepoint_name or f"{reason}-run{run.id}-stop{run.parks}"
         savepoints.take(settings, job_name, name, upgrade_key=upgrade_key, exist_ok=True)
         faults.point(settings, "relocate.saved")
         lease.extend(settings.database_url, job_name, run.id)  # a whole lease for the restore (a copy across stores)
         root = savepoints.restore(settings, job_name, name)
         standby = warm.standby_of(settings, membership, run.id)
         if (standby is not None and standby.ready_at is not None and standby.spark_version == target_version
+                and warm.runs_code(standby, code)
                 and warm.hand_over(settings, job_name, standby.id, run.id, run.parks, root, name)):
             return True
         # cold, at once: the parked run's lease is running; a standby not handed the job leaves by itself
         jobs.launch(settings, membership, job_name, target_version, root, ReplaceParked(run.id, run.parks),
-                    from_savepoint=name)
+                    from_savepoint=name, code=code)
         return True
     if decision == "continue_from_checkpoint":
         require_resumable(run.spark_version, target_version, f"move of job {job_name} to Spark {target_version}")
@@ -156,6 +157,20 @@ def step(
         return True
     raise ChangeoverError(f"move of job {job_name}", f"its run {run.id} ended as {run.state}",
                           f"resume it from its newest savepoint: `changeover submit {job_name} --from-savepoint NAME`")
+
+
+def settle_cut_over(settings: Settings, job_name: str, run: JobRun, reason: str, upgrade_key: str | None,
+                    savepoint_name: str | None = None) -> None:
+    """A try that died between a follower's hand-over and the cut-over's savepoint: that savepoint is taken now,
+    once."""
+    predecessor = _followed(settings, run)
+    if predecessor is None:
+        return
+    try:
+        zero_downtime.cutover_savepoint(settings, job_name, predecessor, reason, upgrade_key, savepoint_name)
+    except ChangeoverError as exc:  # the move is done; only its rollback point is missing, and said so
+        log.warning("job %s: the savepoint of run %s at its cut-over was not taken: %s", job_name, predecessor.id,
+                    exc)
 
 
 def withdraw(settings: Settings, membership: Membership, job_name: str, reason: str, **details: object) -> None:
@@ -195,9 +210,12 @@ def _followed(settings: Settings, run: JobRun) -> JobRun | None:
         return None
     with session_scope(settings.database_url) as s:
         predecessor = s.get(JobRun, run.standby_of)
-        taken = s.scalar(select(Savepoint.id).where(Savepoint.run_id == run.standby_of, Savepoint.mode == "stop",
-                                                    Savepoint.status == "COMPLETED").limit(1))
-        return predecessor if predecessor is not None and taken is None else None
+        if predecessor is None:
+            return None
+        # at the batch it parked on for this hand-over: one of an earlier cut-over it took back is not this one's
+        taken = any(zero_downtime.at_park(sp.stages, predecessor) for sp in s.scalars(select(Savepoint).where(
+            Savepoint.run_id == run.standby_of, Savepoint.mode == "stop", Savepoint.status == "COMPLETED")))
+        return None if taken else predecessor
 
 
 def _draining(settings: Settings, member: str | None) -> bool:

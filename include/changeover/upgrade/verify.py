@@ -15,7 +15,7 @@ from changeover.cluster.runtimes import check_version, find_runtime, java_home
 from changeover.errors import ChangeoverError
 from changeover.jobs import move_history
 from changeover.registry.db import session_scope
-from changeover.registry.models import Event, Master, Member, Savepoint, UpgradeRun
+from changeover.registry.models import Master, Member, Savepoint, UpgradeRun
 from changeover.registry.states import Desired, MemberStatus, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
@@ -126,14 +126,7 @@ def _moves(settings: Settings, upgrade_key: str, names: list[str], since: Any) -
     """The upgrade's moves, each with its downtime and the largest wait of an input file for the sink around it,
     recorded for `changeover events` (once: a retried verify finds them recorded)."""
     moved = [move for name in names for move in move_history.of(settings, name, since)]
-    with session_scope(settings.database_url) as s:
-        recorded = {(e.subject, e.details.get("to_run")) for e in s.scalars(select(Event).where(
-            Event.action == "job.move.freshness", Event.subject.in_(names))) if e.details.get("upgrade") == upgrade_key}
-        for move in moved:
-            if (move.job, move.to_run) not in recorded:
-                audit.record(s, "job.move.freshness", "job", move.job, upgrade=upgrade_key, from_run=move.from_run,
-                             to_run=move.to_run, move=move.kind, downtime_seconds=move.downtime,
-                             largest_gap_seconds=move.freshness)
+    move_history.record(settings, moved, upgrade_key)
     return moved
 
 

@@ -27,6 +27,7 @@ from changeover.handoff import lease
 from changeover.jobs.intents import Standby
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
+from changeover.registry.records import own_job
 from changeover.registry.states import Desired, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
@@ -50,9 +51,11 @@ def warming(standby: JobRun) -> bool:
     return standby.ready_at is None and (utcnow() - as_utc(standby.submitted_at)).total_seconds() < READY_SECONDS
 
 
-def planned_cold_reason(settings: Settings, job_name: str, from_version: str, target: str) -> str | None:
+def planned_cold_reason(settings: Settings, job_name: str, from_version: str, target: str,
+                        leaving_member: bool = True) -> str | None:
     """Why a move of this job from `from_version` to `target` will be cold whatever the cluster then looks like, or
-    None when it can be warm (the preflight's plan says so; capacity is looked at when the move comes)."""
+    None when it can be warm (the preflight's plan says so; capacity is looked at when the move comes).
+    leaving_member: the move takes the job off a member (a drain), not only onto other code."""
     with session_scope(settings.database_url) as s:
         job = jobs.get_job(s, job_name)
         entry, warm_moves = job.entry, (job.options or {}).get("warm_moves", True)
@@ -60,17 +63,17 @@ def planned_cold_reason(settings: Settings, job_name: str, from_version: str, ta
         return f"its entry point ({entry}) runs its own queries, so nothing of it can start before its checkpoint"
     if warm_moves is False:
         return "its option warm_moves is off"
-    if target == from_version:
+    if target == from_version and leaving_member:
         return (f"it moves within the {target} group, whose master could place a standby on the member it leaves "
                 "(Spark standalone places drivers itself)")
     return None
 
 
 def cold_reason(settings: Settings, membership: Membership, job_name: str, run: JobRun, target: str,
-                follow: bool = False) -> str | None:
+                follow: bool = False, leaving_member: bool = True) -> str | None:
     """Why this move cannot be warm, or None when it can. follow: for a zero-downtime move, a follower that was
     aborted (it did not catch up in time) does not keep the next try from starting another."""
-    planned = planned_cold_reason(settings, job_name, run.spark_version, target)
+    planned = planned_cold_reason(settings, job_name, run.spark_version, target, leaving_member)
     if planned is not None:
         return planned
     with session_scope(settings.database_url) as s:
@@ -99,13 +102,16 @@ def cold_reason(settings: Settings, membership: Membership, job_name: str, run: 
 
 
 def prepare(settings: Settings, membership: Membership, job_name: str, run: JobRun, target: str,
-            follow: bool = False) -> Readiness:
+            follow: bool = False, code: dict[str, str] | None = None, leaving_member: bool = True) -> Readiness:
     """Before a running job is asked to stop for a move: launch its standby on `target`, or see whether it is
     ready. "cold" when the move cannot be warm (the reason is on record) or its standby was not ready in time.
-    follow: the standby is for a zero-downtime move (`cold_reason`)."""
+    follow: the standby is for a zero-downtime move (`cold_reason`). code: the standby runs this code, not the
+    job's (a zero-downtime update)."""
     standby = standby_of(settings, membership, run.id)
-    if standby is not None and standby.spark_version != target:  # the target changed: before the stop, not after
-        jobs.dismiss_standby(settings, membership, standby.id, f"the move's target is now {target}")
+    if standby is not None and (standby.spark_version != target or not runs_code(standby, code)):
+        # the target changed: before the stop, not after
+        wanted = (code or {}).get("code") or "the job's own"
+        jobs.dismiss_standby(settings, membership, standby.id, f"the move's target is now {target}, code {wanted}")
         standby = None
     if standby is not None:
         if standby.ready_at is not None:
@@ -115,18 +121,23 @@ def prepare(settings: Settings, membership: Membership, job_name: str, run: JobR
         jobs.dismiss_standby(settings, membership, standby.id, f"not ready within {READY_SECONDS:.0f} s of its "
                              "launch; the job was never stopped, and it moves cold")
         return "cold"
-    why = cold_reason(settings, membership, job_name, run, target, follow)
+    why = cold_reason(settings, membership, job_name, run, target, follow, leaving_member)
     if why is not None:
         with session_scope(settings.database_url) as s:
             audit.record(s, "job.move.cold", "job", job_name, run=run.id, version=target, reason=why)
         return "cold"
     try:
-        jobs.launch(settings, membership, job_name, target, None, Standby(run.id))
+        jobs.launch(settings, membership, job_name, target, None, Standby(run.id), code=code)
     except ChangeoverError as exc:  # the target's master, or a standby another try launched: the job moves cold
         with session_scope(settings.database_url) as s:
             audit.record(s, "job.move.cold", "job", job_name, run=run.id, version=target, reason=str(exc))
         return "cold"
     return "warming"
+
+
+def runs_code(run: JobRun, code: dict[str, str] | None) -> bool:
+    """Whether the run was launched with `code` (None: whatever code, the job's own)."""
+    return code is None or (run.code or {}).get("code") == code["code"]
 
 
 def wait_parked(settings: Settings, job_name: str, run_id: int, seconds: float) -> bool:
@@ -165,10 +176,11 @@ def hand_over(settings: Settings, job_name: str, standby_id: int, predecessor: i
                                   "the move was withdrawn)", "retry the task: it looks at the job again")
         now = utcnow()
         standby.checkpoint_root, standby.from_savepoint, standby.state = str(root), savepoint, "RUNNING"
-        job.make_current(standby)
-        job.desired = Desired.RUN
-        before.lease_until = now + timedelta(seconds=lease.length_of(job))
+        before.code = before.code or job.code_of()  # what the job goes back to if the parked run takes it back
         audit.record(s, "job.hand_over", "job", job_name, run=standby_id, replaces=predecessor,
                      version=standby.spark_version, from_savepoint=savepoint,
                      ready_seconds=round((now - as_utc(standby.ready_at or now)).total_seconds(), 1))
+        own_job(s, job, standby, f"handed over from run {predecessor}")
+        job.desired = Desired.RUN
+        before.lease_until = now + timedelta(seconds=lease.length_of(job))
     return True

@@ -24,7 +24,7 @@ from changeover.cluster import Membership, wait_for
 from changeover.errors import ChangeoverError
 from changeover.jobs import dismiss_standby
 from changeover.registry.db import lock_row, session_scope
-from changeover.registry.models import Job, JobRun, UpgradeRun, utcnow
+from changeover.registry.models import Job, JobRun, Savepoint, UpgradeRun, utcnow
 from changeover.runtime import checkpoints
 from changeover.runtime.follower import lag, replayed_since
 from changeover.settings import Settings
@@ -33,6 +33,10 @@ from changeover.upgrade import lock
 
 STRATEGIES = ("warm", "zero_downtime")
 ENDED_DRIVER = ("FINISHED", "FAILED", "KILLED", "ERROR")
+
+
+class CatchUpTimedOut(ChangeoverError):
+    """A follower was aborted at its deadline: trying again at once would most likely time out again."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ def caught_up(settings: Settings, membership: Membership, job_name: str, run: Jo
     why = (f"its follower run {standby.id} was still {behind} batch(es) behind the live run {run.id} after "
            f"{waited:.0f} s (it must be within {catch_up.batches})")
     abort(settings, membership, job_name, standby, why)
-    raise ChangeoverError(f"zero-downtime move of job {job_name}", f"{why}; the follower was ended and its "
+    raise CatchUpTimedOut(f"zero-downtime move of job {job_name}", f"{why}; the follower was ended and its "
                           f"checkpoint removed, and the job was never stopped: it runs on as run {run.id}",
                           "retry with a longer catch_up_seconds, give the target group more cores, or move it with "
                           "the warm strategy")
@@ -146,11 +150,14 @@ def abort(settings: Settings, membership: Membership, job_name: str, standby: Jo
 
 
 def cutover_savepoint(settings: Settings, job_name: str, predecessor: JobRun, reason: str,
-                      upgrade_key: str | None) -> str | None:
+                      upgrade_key: str | None, name: str | None = None) -> str | None:
     """The savepoint of the run a follower replaced, at the batch it parked on: what a rollback resumes from. Taken
     after the hand-over, so the job's downtime does not wait on it; safe to repeat. None when that run is no longer
-    at that boundary (it reclaimed the job: the follower ended before writing)."""
-    name = f"{reason}-run{predecessor.id}-stop{predecessor.parks}"
+    at that boundary (it reclaimed the job: the follower ended before writing). name: instead of one made of
+    `reason` (an update's own savepoint)."""
+    if name is not None:  # named by its caller (an update's), not by the park: an earlier cut-over may hold it
+        _drop_stale(settings, job_name, name, predecessor)
+    name = name or f"{reason}-run{predecessor.id}-stop{predecessor.parks}"
     try:
         savepoints.take(settings, job_name, name, mode="stop", upgrade_key=upgrade_key, exist_ok=True,
                         of_run=predecessor.id)
@@ -161,3 +168,21 @@ def cutover_savepoint(settings: Settings, job_name: str, predecessor: JobRun, re
                 raise
         return None
     return name
+
+
+def _drop_stale(settings: Settings, job_name: str, name: str, predecessor: JobRun) -> None:
+    """A savepoint of that name at another batch is an earlier cut-over's, whose follower failed before writing and
+    whose run took the job back and wrote on: a rollback and a gate need this cut-over's batch."""
+    with session_scope(settings.database_url) as s:
+        row = s.scalar(select(Savepoint).where(Savepoint.job == job_name, Savepoint.name == name,
+                                               Savepoint.status == "COMPLETED"))
+        stale = row is not None and (row.run_id != predecessor.id or not at_park(row.stages, predecessor))
+    if stale:
+        savepoints.delete(settings, job_name, name)
+
+
+def at_park(stages: dict[str, int | None] | None, parked: JobRun) -> bool:
+    """Whether a savepoint's batches are the ones the run parked on (stages that never committed aside)."""
+    def committed(batches: dict[str, int | None] | None) -> dict[str, int]:
+        return {stage: batch for stage, batch in (batches or {}).items() if batch is not None}
+    return committed(stages) == committed(parked.progress)
