@@ -496,11 +496,8 @@ class UpdateStopOperator(SavepointOperator):
         settings, _ = self._setup(context)
         if _update_strategy(settings, self.job, self.strategy) != "zero_downtime":
             return super().execute(context, event, deadline)
-        why = code_update.zero_downtime_refusal(self.rename_stages, _bool(self.allow_non_restored_state),
-                                               _partitions(self.state_partitions))
-        if why is not None:
-            raise ChangeoverError(f"zero-downtime update of job {self.job}", why, "update it with the strategy "
-                                  "stop, which stops the job with a savepoint and resumes it on the new code")
+        code_update.require_followable(self.job, self.rename_stages, _bool(self.allow_non_restored_state),
+                                       _partitions(self.state_partitions))
         self.log.info("zero_downtime: job %s is not stopped; the resume task's follower takes it over at a batch "
                       "boundary, and savepoint %s is taken there", self.job, self.savepoint_name)
         return {"job": self.job, "savepoint": None, "strategy": "zero_downtime"}

@@ -119,6 +119,15 @@ def zero_downtime_refusal(renames: dict[str, str] | None, allow_non_restored_sta
     return None
 
 
+def require_followable(job: str, renames: dict[str, str] | None, allow_non_restored_state: bool,
+                       state_partitions: int | None) -> None:
+    """Refuses, by `zero_downtime_refusal`, an update whose follower could not replay the job batch by batch."""
+    why = zero_downtime_refusal(renames, allow_non_restored_state, state_partitions)
+    if why is not None:
+        raise ChangeoverError(f"zero-downtime update of job {job}", why, "update it with the strategy stop, which "
+                              "stops the job with a savepoint and resumes it on the new code")
+
+
 def cut_over(settings: Settings, membership: Membership, job: str, code: Code, savepoint: str,
              catch_up: zero_downtime.CatchUp, renames: dict[str, str] | None = None,
              allow_non_restored_state: bool = False, state_partitions: int | None = None) -> JobRun | None:
@@ -127,10 +136,7 @@ def cut_over(settings: Settings, membership: Membership, job: str, code: Code, s
     job never stops before then. The old run's savepoint at the cut-over is `savepoint`, as after a stop, so the
     gate counts from it and a rollback resumes it. Returns the new run once it owns the job, None while the job
     runs on as it is. Safe to repeat (`relocate.step`)."""
-    why = zero_downtime_refusal(renames, allow_non_restored_state, state_partitions)
-    if why is not None:
-        raise ChangeoverError(f"zero-downtime update of job {job}", why, "update it with the strategy stop, which "
-                              "stops the job with a savepoint and resumes it on the new code")
+    require_followable(job, renames, allow_non_restored_state, state_partitions)
     new = shipped(settings, job, code)
     wanted = {"code": str(new.artifact), "module": new.module, "entry": new.entry}
     relocate.step(settings, membership, job, routing.target_version(settings), reason="update",
