@@ -157,3 +157,42 @@ def test_a_decommission_template_is_run_instead_of_the_masters_endpoint(settings
     assert ran.read_text().strip() == "10.0.0.11"
     with session_scope(settings.database_url) as s:
         assert [e.subject for e in s.scalars(select(Event).where(Event.action == "member.decommission"))] == ["w1"]
+
+
+class _RegisteringMaster(_Master):
+    """A master that lists the worker once `started` exists: a worker that registers after its daemon started."""
+
+    def __init__(self, started: Path) -> None:
+        super().__init__({"workers": []})
+        self._started = started
+
+    def server_version(self) -> str:
+        return "4.2.0"
+
+    def worker_state(self, host: str) -> str | None:
+        return "ALIVE" if self._started.exists() else None
+
+
+@pytest.mark.parametrize(("said", "adopted"), [
+    ("org.apache.spark.deploy.worker.Worker running as process 4242.  Stop it first.", True),
+    ("JAVA_HOME is not set", False),
+])
+def test_a_start_refused_because_the_worker_already_runs_waits_for_it_to_register(
+        settings: Settings, tmp_path: Path, said: str, adopted: bool) -> None:
+    """Seen on a loaded CI machine: the platform's worker had started but not yet registered, and the start's refusal
+    failed the adoption. Any other failure of the start still fails it."""
+    started = tmp_path / "registered"
+    start = _script(tmp_path, "start", f'(sleep 1; touch {started}) >/dev/null 2>&1 & echo "{said}"; exit 1')
+    cluster = StandaloneCluster(settings, platform.load(_file(tmp_path, commands={
+        **GOOD["commands"], "start_worker": f"{start} {{host}}"})), start_timeout=20)
+    cluster.master = lambda version: master  # type: ignore[method-assign, assignment]
+    master = _RegisteringMaster(started)
+    if not adopted:
+        with pytest.raises(ChangeoverError, match=r"start_worker of member w1: .* exited 1: JAVA_HOME is not set"):
+            cluster.start_worker("w1", "4.2.0")
+        return
+    cluster.start_worker("w1", "4.2.0")
+    assert started.exists()
+    with session_scope(settings.database_url) as s:
+        assert s.get(Member, "w1").status == "ACTIVE"
+        assert [e.subject for e in s.scalars(select(Event).where(Event.action == "member.start"))] == ["w1"]

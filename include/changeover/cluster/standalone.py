@@ -5,6 +5,7 @@ own command templates (`platform.PlatformSpec`), and observed through the master
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any
 
@@ -21,6 +22,8 @@ from changeover.registry.models import JobRun, Master, Member
 from changeover.settings import Settings
 
 GONE = (None, "DEAD")  # the master's word for a worker whose process is no longer there
+DAEMON_RUNS = "Stop it first"  # the end of spark-daemon.sh's refusal to start a daemon whose PID file's process runs
+log = logging.getLogger(__name__)
 
 
 class StandaloneCluster(MasterObservation):
@@ -131,7 +134,14 @@ class StandaloneCluster(MasterObservation):
                                   f"upgrade it with `changeover upgrade member {member} --to {version}` after a drain")
         began = time.monotonic()
         if self._worker_state(version, spec.host) != "ALIVE":
-            self._run("start_worker", member, version)
+            try:
+                self._run("start_worker", member, version)
+            except ChangeoverError as refused:
+                # spark-daemon.sh refuses a second start of a daemon whose PID runs: a worker started moments ago,
+                # not yet registered. It is the worker wanted, so wait for it as for one started here.
+                if DAEMON_RUNS not in str(refused):
+                    raise
+                log.info("member %s's worker already runs, not yet registered: waiting for it", member)
             wait_for(lambda: self._worker_state(version, spec.host) == "ALIVE", self.start_timeout,
                      f"member {member}'s worker registering with {self.spec.master(version).url}",
                      fix=f"look at the worker's log on host {spec.host}; the start command ran")
