@@ -71,7 +71,8 @@ with DAG(
                                     code="{{ ti.xcom_pull(task_ids='check', key='new_code') }}",  # as checked
                                     rename_stages=RENAMES,
                                     allow_non_restored_state="{{ params.allow_non_restored_state }}",
-                                    state_partitions=PARTITIONS, strategy=STRATEGY,
+                                    state_partitions=PARTITIONS,
+                                    strategy="{{ ti.xcom_pull(task_ids='stop')['strategy'] }}",  # as stop chose
                                     catch_up_seconds="{{ params.catch_up_seconds }}")
     gate = StabilityGateOperator(task_id="gate", job=JOB, savepoint_name=f"update-{RUN}", rename_stages=RENAMES,
                                  batches="{{ params.stable_batches }}", max_lag_seconds="{{ params.max_lag_seconds }}",

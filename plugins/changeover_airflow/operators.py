@@ -460,6 +460,7 @@ class CompatibilityCheckOperator(ChangeoverOperator):
             if not passed:
                 refused.append(report.render())
         context["ti"].xcom_push(key="reports", value=reports)
+        context["ti"].xcom_push(key="refused", value=bool(refused))
         if job and self.code:  # what an approver of the update is shown
             plan = [line for report in reports.values() for line in _rendered(report)]
             partitions = _partitions(self.state_partitions)
@@ -495,7 +496,7 @@ class UpdateStopOperator(SavepointOperator):
                 deadline: float | None = None) -> dict[str, Any]:
         settings, _ = self._setup(context)
         if _update_strategy(settings, self.job, self.strategy) != "zero_downtime":
-            return super().execute(context, event, deadline)
+            return {**super().execute(context, event, deadline), "strategy": "stop"}
         code_update.require_followable(self.job, self.rename_stages, _bool(self.allow_non_restored_state),
                                        _partitions(self.state_partitions))
         self.log.info("zero_downtime: job %s is not stopped; the resume task's follower takes it over at a batch "
@@ -645,8 +646,9 @@ class UpdateSummaryOperator(ChangeoverOperator):
         reports = ti.xcom_pull(task_ids="check", key="reports") or {}
         stability = ti.xcom_pull(task_ids="gate", key="stability") or {}
         rolled = ti.xcom_pull(task_ids="rollback") or {}
-        outcome = ("rolled back" if rolled.get("rolled_back") else "updated" if stability.get("stable")
-                   else "stopped at the check" if not ti.xcom_pull(task_ids="resume") else "failed")
+        outcome = code_update.outcome(refused_at_check=bool(ti.xcom_pull(task_ids="check", key="refused")),
+                                      resumed=bool(ti.xcom_pull(task_ids="resume")),
+                                      stable=bool(stability.get("stable")), rolled_back=bool(rolled.get("rolled_back")))
         summary = {"job": self.job, "outcome": outcome,
                    "verdicts": {job: r["verdict"] for job, r in reports.items()},
                    "stability": stability.get("reason"),

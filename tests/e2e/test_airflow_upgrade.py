@@ -378,6 +378,9 @@ def test_a_killed_scheduler_leaves_no_job_stopped_and_a_restart_finishes_the_run
     _assert_exact(stack, "clicks_outage", generator)
 
 
+# Under `make soak` (2 min): CI's hour keeps the same follower, trigger waits and cut-over through the scheduler in
+# update_job's zero-downtime case below (freshness bound included), and the zero-downtime faults in test_user_jobs.
+@pytest.mark.soak
 @pytest.mark.only_on("sqlite", "run once, on the embedded default; the PostgreSQL run has the forced failures")
 def test_a_zero_downtime_roll_through_the_scheduler_moves_the_job_once_through_its_follower_exact(
     stack: Stack, members: list[str]
@@ -573,7 +576,8 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
         # The dry run's replay of a compatible change is checked in tests/test_compat_matrix.py; here, the update,
         # zero-downtime: the old code runs on until the follower on the new code has caught up.
         updated = airflow.trigger("update_job", {"job": name, "code": _edit(edits, "clicks_filtered"),
-                                                 "dry_run": False, "strategy": "zero_downtime"})
+                                                 "dry_run": False, "strategy": "zero_downtime",
+                                                 "stable_batches": 2})
         assert airflow.follow("update_job", updated, timeout=900) == "success", \
             _task_log_tail(stack, updated, "update_job")
         run = jobs.refresh(stack.settings, stack.cluster, name)
@@ -592,19 +596,11 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
         assert (cut["mode"], cut_run) == ("stop", first.id), cut
         summary = airflow.api("GET", f"/dags/update_job/dagRuns/{updated}/taskInstances/summary/xcomEntries/"
                                      "return_value").json()["value"]
-        assert summary["strategy"] == "zero_downtime" and summary["largest_gap_seconds"] is not None, summary
-        assert summary["downtime_seconds"] is not None, summary
+        assert summary["strategy"] == "zero_downtime" and summary["downtime_seconds"] is not None, summary
+        # issue 27's freshness bound: no input file waited for the sink longer than two trigger intervals
+        assert summary["largest_gap_seconds"] is not None and summary["largest_gap_seconds"] <= 2 * 5.0, summary
         print("zero-downtime update:", summary)
         _assert_ledger_split(stack, name, cut["stages"], first.id, run.id)
-
-        # Its state is in Spark's default store, which cannot be repartitioned: refused at the check.
-        rescaled = airflow.trigger("update_job", {"job": name, "code": _edit(edits, "clicks_filtered"),
-                                                  "dry_run": False, "state_partitions": 8})
-        assert airflow.follow("update_job", rescaled, timeout=900) == "failed"
-        assert (_states(stack, "update_job", rescaled)["check"], _states(stack, "update_job", rescaled)["stop"]) == (
-            "failed", "upstream_failed")
-        said = "\n".join(_task_log_events(stack, rescaled, "update_job"))
-        assert "[INCOMPATIBLE] CO-SCALE-01 job clicks_update, stage " in said and "state_store: rocksdb" in said
         _committing_on(stack, name, run.id)
 
         # zero-downtime again: the rollback resumes the old code from the savepoint of the cut-over
@@ -732,6 +728,9 @@ def test_update_job_grows_and_shrinks_a_jobs_state_partitions_exact_and_a_failed
         stack.cluster.down()
 
 
+# Under `make soak` (4 min): CI's hour keeps the platform's cluster rolled, a host lost and the abort in
+# tests/test_existing_cluster.py, and rolls through the scheduler on the embedded cluster here.
+@pytest.mark.soak
 @pytest.mark.only_on("sqlite", "run once: the platform's drivers reach the registry on storage every host sees, a "
                      "SQLite file; this machine's PostgreSQL listens on loopback only, which the hosts do not share")
 def test_a_platforms_own_cluster_rolls_through_the_scheduler_one_move_a_job_exact(stack: Stack,

@@ -96,6 +96,19 @@ def switch_code(settings: Settings, job_name: str, code: Code, why: str) -> bool
         return True
 
 
+def outcome(refused_at_check: bool, resumed: bool, stable: bool, rolled_back: bool) -> str:
+    """An update's outcome in a word or a sentence, from what its tasks did."""
+    if rolled_back:
+        return "rolled back"
+    if stable:
+        return "updated"
+    if refused_at_check:
+        return "stopped at the check"
+    if not resumed:  # a stop given up, a follower that did not catch up in time: the old code never left
+        return "not resumed: the job runs its old code"
+    return "failed"
+
+
 def strategy_of(asked: str | None, options: dict[str, Any]) -> str:
     """An update's strategy: the one asked for (the DAG's Param), else zero_downtime where the job's option
     move_strategy says so, else stop (stop with a savepoint, then resume on the new code)."""
