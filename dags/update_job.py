@@ -22,6 +22,7 @@ from changeover_airflow.operators import (
 RUN = "{{ run_id | replace(':', '') | replace('+', '') }}"  # one run, one set of savepoint names, on every try
 JOB, CODE, RENAMES = "{{ params.job }}", "{{ params.code }}", "{{ params.rename_stages }}"
 PARTITIONS, STRATEGY = "{{ params.state_partitions }}", "{{ params.strategy }}"
+CHOSEN = "{{ (ti.xcom_pull(task_ids='stop') or {}).get('strategy') or params.strategy }}"  # the stop task's choice
 
 with DAG(
     dag_id="update_job",
@@ -72,7 +73,7 @@ with DAG(
                                     rename_stages=RENAMES,
                                     allow_non_restored_state="{{ params.allow_non_restored_state }}",
                                     state_partitions=PARTITIONS,
-                                    strategy="{{ ti.xcom_pull(task_ids='stop')['strategy'] }}",  # as stop chose
+                                    strategy=CHOSEN,
                                     catch_up_seconds="{{ params.catch_up_seconds }}")
     gate = StabilityGateOperator(task_id="gate", job=JOB, savepoint_name=f"update-{RUN}", rename_stages=RENAMES,
                                  batches="{{ params.stable_batches }}", max_lag_seconds="{{ params.max_lag_seconds }}",

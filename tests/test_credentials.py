@@ -71,3 +71,32 @@ def test_a_keyed_tables_description_keeps_no_password_and_the_control_plane_fill
     assert "pw" not in from_description(KeyedTable(sockets[1], "t", keys=("k",)).describe(), sockets[0]).url
     implicit_port = KeyedTable("postgresql+psycopg://app@db.example/registry", "t", keys=("k",)).describe()
     assert from_description(implicit_port, registry).url == "postgresql+psycopg://app:s3cret@db.example/registry"
+
+
+def test_the_connection_param_chooses_a_platforms_cluster_for_every_task(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's `connection` Param names the connection every task's hook reads; one with a cluster file gives the
+    platform's standalone cluster (its whole roll through the scheduler is tests/e2e's, under `make soak`)."""
+    from airflow.dag_processing.dagbag import DagBag
+    from changeover.cluster import membership_for
+    from changeover.cluster.standalone import StandaloneCluster
+    from changeover.registry.schema import migrate
+    from changeover_airflow.hooks import ChangeoverHook
+
+    cluster_file = tmp_path / "cluster.json"
+    cluster_file.write_text(json.dumps({
+        "masters": {"4.2.0": {"url": "spark://m:7077", "rest_url": "http://m:6066", "webui_url": "http://m:8080"}},
+        "members": {"w1": {"host": "10.0.0.11", "worker_ui": "http://10.0.0.11:8081"}},
+        "commands": {"start_worker": "ssh {host} start", "stop_worker": "ssh {host} stop"},
+        "spark_home": "/opt/spark-{version}", "python": "/opt/spark-{version}/venv/bin/python"}))
+    extra = {"home": str(tmp_path / "home"), "database_url": f"sqlite:///{tmp_path / 'registry.db'}",
+             "cluster_file": str(cluster_file)}
+    migrate(extra["database_url"])
+    monkeypatch.setenv("AIRFLOW_CONN_CHANGEOVER_PLATFORM", json.dumps({"conn_type": "changeover", "extra": extra}))
+    settings = ChangeoverHook("changeover_platform").get_settings()
+    assert settings.cluster_file == cluster_file and isinstance(membership_for(settings), StandaloneCluster)
+
+    dag = DagBag(str(Path(__file__).parent.parent / "dags")).dags["rolling_upgrade"]
+    conn_ids = {task.task_id: getattr(task, "changeover_conn_id", None) for task in dag.tasks}
+    assert {conn_ids[t] for t in ("preflight", "compatibility", "roll", "rebalance", "verify", "finish")} == {
+        "{{ params.connection }}"}, conn_ids

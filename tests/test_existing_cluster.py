@@ -1,8 +1,9 @@
 """Rolling a Spark standalone cluster that Changeover did not start (`StandaloneCluster`), on hosts of its own: each
 member's worker in a network namespace with an SSH server, started by Spark's own sbin scripts from the platform's
 configuration (tests/platform_hosts.py). Changeover reaches the members only through the cluster file's `ssh` lines
-and the masters' JSON and REST APIs. A whole roll of live jobs on such a cluster, triggered through Airflow's scheduler,
-is tests/e2e's (`test_a_platforms_own_cluster_rolls_through_the_scheduler_one_move_a_job_exact`)."""
+and the masters' JSON and REST APIs. The same roll triggered through Airflow's scheduler, with the `connection` Param
+choosing the platform's connection, is tests/e2e's (`test_a_platforms_own_cluster_rolls_through_the_scheduler_one_
+move_a_job_exact`, under `make soak`)."""
 
 from __future__ import annotations
 
@@ -138,3 +139,31 @@ def test_a_host_lost_mid_upgrade_stops_the_roll_and_an_abort_brings_back_what_it
     wait_for(lambda: clicks.results(settings.database_url, "clicks_fault")[0] == dict(generator.truth), 300,
              "the job catching up with every generated file")
     jobs.cancel(settings, cluster, "clicks_fault", reason="the test is over")
+
+
+def test_a_whole_roll_restarts_each_member_through_its_host_and_moves_the_job_once_exact(
+    platform: Platform, settings: Settings
+) -> None:
+    """The roll as the roll task steps it (Airflow's own run of it is tests/e2e's, under `make soak`): each member's
+    worker stopped and started at 4.3.0 through the templates, registered with the platform's 4.3.0 master; the job,
+    on the member drained last, moved once onto that master's group, exact."""
+    cluster = membership_for(settings)
+    generator = start_clicks(settings, cluster, "clicks_rolled")
+    try:
+        plan = verify.preflight(settings, cluster, "4.3.0", MEMBERS, "platform/whole")
+        wait_for(lambda: roll.step(settings, cluster, "platform/whole", 30).done, 900, "the roll", interval=2.0,
+                 retryable=())
+        lock.release(settings, "platform/whole", "SUCCEEDED", "the test's roll is done")  # as the finish task does
+    finally:
+        generator.stop()
+    assert {m["name"]: m["version"] for m in cluster.status()["members"]} == dict.fromkeys(MEMBERS, "4.3.0")
+    for member in plan.members:
+        assert cluster.master("4.3.0").worker_state(platform.hosts[member]) == "ALIVE"
+    run = jobs.refresh(settings, cluster, "clicks_rolled")
+    assert run is not None and run.state in jobs.LIVE and run.spark_version == "4.3.0"
+    assert [(m.from_version, m.to_version) for m in move_history.of(settings, "clicks_rolled")] == [("4.2.0", "4.3.0")]
+    wait_for(lambda: clicks.results(settings.database_url, "clicks_rolled")[0] == dict(generator.truth), 300,
+             "the job catching up with every generated file")
+    windows = clicks.results(settings.database_url, "clicks_rolled")[1]
+    assert windows and all(generator.window_truth[k] == v for k, v in windows.items())
+    jobs.cancel(settings, cluster, "clicks_rolled", reason="the test is over")

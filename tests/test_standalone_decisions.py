@@ -173,26 +173,36 @@ class _RegisteringMaster(_Master):
         return "ALIVE" if self._started.exists() else None
 
 
-@pytest.mark.parametrize(("said", "adopted"), [
-    ("org.apache.spark.deploy.worker.Worker running as process 4242.  Stop it first.", True),
-    ("JAVA_HOME is not set", False),
+RUNS = "org.apache.spark.deploy.worker.Worker running as process 4242.  Stop it first."
+
+
+@pytest.mark.parametrize(("said", "registers", "refusal"), [
+    (RUNS, True, None),
+    (RUNS, False, r"(?s)member w1's worker registering with spark://m:7077.*the start was refused \(.*running as "
+                  r"process 4242.*a stale PID file, or a worker of another version"),
+    ("JAVA_HOME is not set", True, r"start_worker of member w1: .* exited 1: JAVA_HOME is not set"),
 ])
 def test_a_start_refused_because_the_worker_already_runs_waits_for_it_to_register(
-        settings: Settings, tmp_path: Path, said: str, adopted: bool) -> None:
+        settings: Settings, tmp_path: Path, said: str, registers: bool, refusal: str | None) -> None:
     """Seen on a loaded CI machine: the platform's worker had started but not yet registered, and the start's refusal
-    failed the adoption. Any other failure of the start still fails it."""
+    failed the adoption. A worker that never registers fails naming the refusal; any other failure of the start
+    fails at once."""
     started = tmp_path / "registered"
-    start = _script(tmp_path, "start", f'(sleep 1; touch {started}) >/dev/null 2>&1 & echo "{said}"; exit 1')
+    later = f"(sleep 1; touch {started}) >/dev/null 2>&1 & " if registers else ""
+    start = _script(tmp_path, "start", f'{later}echo "{said}"; exit 1')
     cluster = StandaloneCluster(settings, platform.load(_file(tmp_path, commands={
-        **GOOD["commands"], "start_worker": f"{start} {{host}}"})), start_timeout=20)
+        **GOOD["commands"], "start_worker": f"{start} {{host}}"})), start_timeout=20 if registers else 2)
     cluster.master = lambda version: master  # type: ignore[method-assign, assignment]
     master = _RegisteringMaster(started)
-    if not adopted:
-        with pytest.raises(ChangeoverError, match=r"start_worker of member w1: .* exited 1: JAVA_HOME is not set"):
+    if refusal is not None:
+        with pytest.raises(ChangeoverError, match=refusal):
             cluster.start_worker("w1", "4.2.0")
+        with session_scope(settings.database_url) as s:
+            assert s.get(Member, "w1").status == "STOPPED"
         return
     cluster.start_worker("w1", "4.2.0")
     assert started.exists()
     with session_scope(settings.database_url) as s:
         assert s.get(Member, "w1").status == "ACTIVE"
-        assert [e.subject for e in s.scalars(select(Event).where(Event.action == "member.start"))] == ["w1"]
+        assert [(e.subject, e.details["adopted"]) for e in s.scalars(
+            select(Event).where(Event.action == "member.start"))] == [("w1", True)]

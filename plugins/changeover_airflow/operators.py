@@ -636,7 +636,7 @@ class UpdateSummaryOperator(ChangeoverOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowFailException
 
-        settings, _ = self._setup(context)
+        settings, cluster = self._setup(context)
         ti = context["ti"]
         rejected_by = ti.xcom_pull(task_ids="approval", key="rejected_by")
         if rejected_by:  # nothing was stopped: the job runs its old code, as asked
@@ -646,9 +646,11 @@ class UpdateSummaryOperator(ChangeoverOperator):
         reports = ti.xcom_pull(task_ids="check", key="reports") or {}
         stability = ti.xcom_pull(task_ids="gate", key="stability") or {}
         rolled = ti.xcom_pull(task_ids="rollback") or {}
+        old_code = ti.xcom_pull(task_ids="check", key="old_code")
         outcome = code_update.outcome(refused_at_check=bool(ti.xcom_pull(task_ids="check", key="refused")),
                                       resumed=bool(ti.xcom_pull(task_ids="resume")),
-                                      stable=bool(stability.get("stable")), rolled_back=bool(rolled.get("rolled_back")))
+                                      stable=bool(stability.get("stable")), rolled_back=bool(rolled.get("rolled_back")),
+                                      old_code_runs=code_update.runs_code(settings, cluster, str(self.job), old_code))
         summary = {"job": self.job, "outcome": outcome,
                    "verdicts": {job: r["verdict"] for job, r in reports.items()},
                    "stability": stability.get("reason"),

@@ -132,24 +132,29 @@ class StandaloneCluster(MasterObservation):
         if current != version and self._worker_state(current, spec.host) in ("ALIVE", "DECOMMISSIONED"):
             raise ChangeoverError(f"start of member {member} at {version}", f"its worker still runs at {current}",
                                   f"upgrade it with `changeover upgrade member {member} --to {version}` after a drain")
-        began = time.monotonic()
+        began, already_running = time.monotonic(), None
         if self._worker_state(version, spec.host) != "ALIVE":
             try:
                 self._run("start_worker", member, version)
             except ChangeoverError as refused:
                 # spark-daemon.sh refuses a second start of a daemon whose PID runs: a worker started moments ago,
-                # not yet registered. It is the worker wanted, so wait for it as for one started here.
+                # not yet registered, is the one wanted, so it is waited for as one started here would be
                 if DAEMON_RUNS not in str(refused):
                     raise
-                log.info("member %s's worker already runs, not yet registered: waiting for it", member)
+                already_running = refused.reason
+                log.info("member %s's worker already runs, not yet registered: waiting for it (%s)", member,
+                         already_running)
+            fix = (f"look at the worker's log on host {spec.host}; the start command ran" if already_running is None
+                   else f"the start was refused ({already_running}): a stale PID file, or a worker of another "
+                        f"version, holds the daemon's slot on host {spec.host}; stop that process, then retry")
             wait_for(lambda: self._worker_state(version, spec.host) == "ALIVE", self.start_timeout,
-                     f"member {member}'s worker registering with {self.spec.master(version).url}",
-                     fix=f"look at the worker's log on host {spec.host}; the start command ran")
+                     f"member {member}'s worker registering with {self.spec.master(version).url}", fix=fix)
         with session_scope(self.url) as s:
             row = get_member(s, member)
             row.version, row.webui_port, row.status, row.drain_started_at = version, spec.webui_port, "ACTIVE", None
             audit.record(s, "member.start", "member", member, version=version, host=spec.host,
-                         master=self.spec.master(version).url, seconds=round(time.monotonic() - began, 1))
+                         master=self.spec.master(version).url, seconds=round(time.monotonic() - began, 1),
+                         adopted=already_running is not None)
 
     def stop_worker(self, member: str, grace: float = 20.0) -> None:
         """Stop the member's worker through the template and wait until its master no longer lists it alive."""

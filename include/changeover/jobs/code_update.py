@@ -96,16 +96,25 @@ def switch_code(settings: Settings, job_name: str, code: Code, why: str) -> bool
         return True
 
 
-def outcome(refused_at_check: bool, resumed: bool, stable: bool, rolled_back: bool) -> str:
-    """An update's outcome in a word or a sentence, from what its tasks did."""
+def runs_code(settings: Settings, membership: Membership, job: str, code: dict[str, str] | None) -> bool:
+    """Whether the job's current run is live on `code` (None: on any code)."""
+    current = jobs.refresh(settings, membership, job)
+    return current is not None and current.state in jobs.LIVE and warm.runs_code(current, code)
+
+
+def outcome(refused_at_check: bool, resumed: bool, stable: bool, rolled_back: bool, old_code_runs: bool) -> str:
+    """An update's outcome in a word or a sentence, from what its tasks did and whether the job's live run is on
+    the code before the update."""
     if rolled_back:
         return "rolled back"
     if stable:
         return "updated"
     if refused_at_check:
         return "stopped at the check"
-    if not resumed:  # a stop given up, a follower that did not catch up in time: the old code never left
+    if not resumed and old_code_runs:  # a stop given up, a follower that did not catch up in time
         return "not resumed: the job runs its old code"
+    if not old_code_runs:  # stopped, and neither the new code nor the rollback runs it
+        return "failed: the job is not running its old code; see the rollback task, and resume it from the savepoint"
     return "failed"
 
 
