@@ -99,6 +99,40 @@ def test_keep_on_every_layout(relative: str, kept: bool) -> None:
     assert checkpoints.keep(relative.replace("/", os.sep), 5) is kept
 
 
+def _rocksdb_version(store: Path, version: int, ssts: list[str], metadata: str | None = None) -> None:
+    import zipfile
+
+    listed = json.dumps({"sstFiles": [{"localFileName": f"{sst[:6]}.sst", "dfsSstFileName": sst, "sizeBytes": 9}
+                                      for sst in ssts], "numKeys": 1})
+    with zipfile.ZipFile(store / f"{version}.zip", "w") as archive:
+        archive.writestr("metadata", metadata if metadata is not None else f"v1\n{listed}")
+
+
+@pytest.mark.parametrize("readable", [True, False], ids=["listed", "a-version-unreadable"])
+def test_a_rocksdb_stores_shared_files_are_taken_only_as_its_kept_versions_list_them(tmp_path: Path,
+                                                                                     readable: bool) -> None:
+    """Seen in a fresh clone's make test: a `continue` savepoint hard-linked an SST the running query was still
+    uploading for its next version (Hadoop writes it under its final name), and the savepoint's manifest recorded it
+    empty while the link grew: the savepoint was refused as corrupted. An SST no kept version lists is never read;
+    it is left out."""
+    stage = tmp_path / "stage"
+    store = stage / "state" / "0" / "0"
+    (store / "SSTs").mkdir(parents=True)
+    (stage / "offsets").mkdir()
+    for sst in ("000008-a.sst", "000009-b.sst", "000010-c.sst"):
+        (store / "SSTs" / sst).write_text("sst")
+        (store / "SSTs" / f".{sst}.crc").write_text("crc")
+    _rocksdb_version(store, 5, ["000008-a.sst"])
+    _rocksdb_version(store, 6, ["000008-a.sst", "000009-b.sst"], None if readable else "v1\nnot json")
+    _rocksdb_version(store, 7, ["000008-a.sst", "000009-b.sst", "000010-c.sst"])  # the batch after the copy's
+    copied = {Path(p).as_posix() for p in checkpoints.snapshot_stage(stage, tmp_path / "copy", 5).files}
+    ssts = {p for p in copied if "/SSTs/" in p}
+    both = {"state/0/0/SSTs/000008-a.sst", "state/0/0/SSTs/.000008-a.sst.crc", "state/0/0/SSTs/000009-b.sst",
+            "state/0/0/SSTs/.000009-b.sst.crc"}
+    assert ssts == (both if readable else both | {"state/0/0/SSTs/000010-c.sst", "state/0/0/SSTs/.000010-c.sst.crc"})
+    assert {"state/0/0/5.zip", "state/0/0/6.zip"} <= copied and "state/0/0/7.zip" not in copied
+
+
 # --- real queries ------------------------------------------------------------------------------------------
 
 N = 3  # the batch the copy is pruned to

@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import shutil
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,18 +126,52 @@ def materialise(source: str | Path, target: str | Path, *, link: bool = True) ->
         return materialise(source, target, link=link)
 
 
+def referenced_shared_files(store: str, names: list[str], relative_dir: str, batch: int,
+                            log_ends: dict[str, int]) -> set[str] | None:
+    """The shared files (SSTs/<name>, logs/<name>) that the RocksDB versions of a store kept for `batch` list in
+    their zips' metadata. A running query uploads the next version's SSTs before its zip, under their final names:
+    one not yet listed may still be growing, and is never read by a kept version. None when a kept zip cannot be
+    read: every shared file is kept then."""
+    referenced: set[str] = set()
+    for name in names:
+        if not name.endswith(".zip") or not keep(os.path.join(relative_dir, name), batch, log_ends):
+            continue
+        try:
+            with zipfile.ZipFile(os.path.join(store, name)) as archive:
+                text = archive.read("metadata").decode()
+            metadata = json.loads(next(line for line in text.splitlines() if line.startswith("{")))
+        except FileNotFoundError:
+            continue  # removed by Spark's maintenance meanwhile: no version of it is kept
+        except (OSError, KeyError, StopIteration, ValueError, zipfile.BadZipFile) as exc:
+            log.warning("every shared RocksDB file of %s is kept: its version %s could not be read (%s)", store,
+                        name, exc)
+            return None
+        referenced.update(os.path.join("SSTs", f["dfsSstFileName"]) for f in metadata.get("sstFiles") or [])
+        referenced.update(os.path.join("logs", f["dfsLogFileName"]) for f in metadata.get("logFiles") or [])
+    return referenced
+
+
 def snapshot_stage(source: Path, target: Path, batch: int, *, link: bool = True, prefix: str = "") -> CopyStats:
     """Materialise the files of `source` kept for `batch` under `target`. Plain os calls: this is the hot
-    path of a savepoint, one call per checkpoint file."""
+    path of a savepoint, one call per checkpoint file. Of a RocksDB store's shared files, only those its kept
+    versions list are taken (`referenced_shared_files`)."""
     stats = CopyStats()
     base = len(str(source)) + 1
     log_ends = source_log_ends(source, batch)
-    for directory, _dirs, files in os.walk(source):
+    shared: dict[str, set[str] | None] = {}  # a RocksDB store's folder -> the shared files its kept versions list
+    for directory, _dirs, files in os.walk(source):  # top-down: a store's folder before its SSTs/ and logs/
         relative_dir = directory[base:]
+        if any(name.endswith(".zip") for name in files):
+            shared[directory] = referenced_shared_files(directory, files, relative_dir, batch, log_ends)
+        store, kind = os.path.split(directory)
+        listed = shared.get(store, set()) if kind in _ROCKSDB_SHARED and relative_dir.startswith("state") else None
         made = False
         for name in files:
             relative = os.path.join(relative_dir, name) if relative_dir else name
             if not keep(relative, batch, log_ends):
+                continue
+            own = name[1:-4] if name.startswith(".") and name.endswith(".crc") else name  # a checksum: its file's
+            if listed is not None and os.path.join(kind, own) not in listed:
                 continue
             destination = os.path.join(target, relative)
             if not made:
