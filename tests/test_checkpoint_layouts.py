@@ -296,8 +296,16 @@ def assert_pruned_to(original: Path, copy: Path, batch: int, listed: set[str]) -
         assert all(number <= batch for number in numbered(copy, pattern)), pattern
         assert set(numbered(copy, pattern)) == {n for n in numbered(original, pattern) if n <= batch}, pattern
 
-    kept, shared = files(copy), {f for f in listed if f.split(os.sep)[-2:-1] in (["SSTs"], ["logs"])}
-    assert shared <= kept  # RocksDB's shared files are all kept
+    kept = files(copy)
+    shared = {f for f in kept if f.split(os.sep)[-2:-1] in (["SSTs"], ["logs"]) and not f.endswith(".crc")}
+    listed_by_versions = set()  # RocksDB's shared files that the copy's versions list: those, and only those, kept
+    for store in {os.path.dirname(f) for f in kept if f.endswith(".zip")}:
+        names = os.listdir(copy / store)
+        found = checkpoints.referenced_shared_files(str(copy / store), names, store, batch, {})
+        assert found is not None, store
+        listed_by_versions |= {os.path.join(store, f) for f in found}
+    assert shared == listed_by_versions and listed_by_versions <= listed
+    assert shared or not listed_by_versions
     assert not [f for f in kept if f.endswith(".tmp")]
     for name in kept:  # Hadoop's checksums go with their files, both ways
         folder, base = os.path.split(name)
