@@ -650,7 +650,8 @@ class UpdateSummaryOperator(ChangeoverOperator):
         outcome = code_update.outcome(refused_at_check=bool(ti.xcom_pull(task_ids="check", key="refused")),
                                       resumed=bool(ti.xcom_pull(task_ids="resume")),
                                       stable=bool(stability.get("stable")), rolled_back=bool(rolled.get("rolled_back")),
-                                      old_code_runs=code_update.runs_code(settings, cluster, str(self.job), old_code))
+                                      old_code_runs=code_update.live_run_on(settings, cluster, str(self.job),
+                                                                            old_code) is not None)
         summary = {"job": self.job, "outcome": outcome,
                    "verdicts": {job: r["verdict"] for job, r in reports.items()},
                    "stability": stability.get("reason"),

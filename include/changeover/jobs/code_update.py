@@ -96,10 +96,10 @@ def switch_code(settings: Settings, job_name: str, code: Code, why: str) -> bool
         return True
 
 
-def runs_code(settings: Settings, membership: Membership, job: str, code: dict[str, str] | None) -> bool:
-    """Whether the job's current run is live on `code` (None: on any code)."""
+def live_run_on(settings: Settings, membership: Membership, job: str, code: dict[str, str] | None) -> JobRun | None:
+    """The job's current run if it is live on `code` (None: on any code)."""
     current = jobs.refresh(settings, membership, job)
-    return current is not None and current.state in jobs.LIVE and warm.runs_code(current, code)
+    return current if current is not None and current.state in jobs.LIVE and warm.runs_code(current, code) else None
 
 
 def outcome(refused_at_check: bool, resumed: bool, stable: bool, rolled_back: bool, old_code_runs: bool) -> str:
@@ -163,11 +163,9 @@ def cut_over(settings: Settings, membership: Membership, job: str, code: Code, s
     wanted = {"code": str(new.artifact), "module": new.module, "entry": new.entry}
     relocate.step(settings, membership, job, routing.target_version(settings), reason="update",
                   strategy="zero_downtime", catch_up=catch_up, code=wanted, savepoint_name=savepoint)
-    current = jobs.refresh(settings, membership, job)
     # only a run of the new code: a parked run that took the job back, or one continued from a killed run's
     # checkpoint, runs the old one, and the next step tries again
-    return current if current is not None and current.state in jobs.LIVE and warm.runs_code(current, wanted) \
-        else None
+    return live_run_on(settings, membership, job, wanted)
 
 
 def resume_with(settings: Settings, membership: Membership, job: str, code: Code, savepoint: str,

@@ -55,6 +55,11 @@ def _batch_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _checksummed(name: str) -> str | None:
+    """The file a Hadoop checksum `.<file>.crc` is of; None for any other name."""
+    return name[1:-4] if name.startswith(".") and name.endswith(".crc") else None
+
+
 def keep(relative: str, batch: int, log_ends: dict[str, int] | None = None) -> bool:
     """Whether a checkpoint file (path relative to the stage folder) belongs to the state as of `batch`.
 
@@ -66,11 +71,11 @@ def keep(relative: str, batch: int, log_ends: dict[str, int] | None = None) -> b
     name = parts[-1]
     if name.endswith(".tmp") or ".tmp." in name or relative == SET_ASIDE:
         return False
-    if name.startswith(".") and name.endswith(".crc"):
+    if (checked := _checksummed(name)) is not None:
         # Hadoop's local filesystem writes .<file>.crc beside every file it writes, and verifies it on read. It
         # goes with its file: a kept file keeps its checksum, a pruned one's must not outlive it. (Spark's own
         # <file>.crc, state files of checkpoint format 2, starts with its file's name and follows the same rules.)
-        return keep(os.sep.join([*parts[:-1], name[1:-4]]), batch, log_ends)
+        return keep(os.sep.join([*parts[:-1], checked]), batch, log_ends)
     number = _batch_of(name)
     if parts[0] == "sources" and len(parts) == 3:
         return number is None or number <= (log_ends or {}).get(parts[1], batch)
@@ -80,7 +85,7 @@ def keep(relative: str, batch: int, log_ends: dict[str, int] | None = None) -> b
         if "_metadata" in parts or "_stateSchema" in parts:  # named by the batch that wrote them, if at all
             return number is None or number <= batch
         if len(parts) in (5, 6) and parts[-2] in _ROCKSDB_SHARED:
-            return True  # a kept version's .zip may reference any of them; unreferenced ones are never read
+            return True  # a kept version's .zip may list any of them: `snapshot_stage` takes only those listed
         if len(parts) in (4, 5):  # state/<op>/<partition>[/<store>]/<version>[_<uuid>].<kind>[.crc]
             return number is None or number <= batch + 1
     return True
@@ -170,8 +175,7 @@ def snapshot_stage(source: Path, target: Path, batch: int, *, link: bool = True,
             relative = os.path.join(relative_dir, name) if relative_dir else name
             if not keep(relative, batch, log_ends):
                 continue
-            own = name[1:-4] if name.startswith(".") and name.endswith(".crc") else name  # a checksum: its file's
-            if listed is not None and os.path.join(kind, own) not in listed:
+            if listed is not None and os.path.join(kind, _checksummed(name) or name) not in listed:
                 continue
             destination = os.path.join(target, relative)
             if not made:
