@@ -5,8 +5,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from changeover import savepoints
+from changeover import audit, savepoints
 from changeover.errors import ChangeoverError
+from changeover.jobs import code_update
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Savepoint, UpgradeRun, utcnow
 from changeover.settings import Settings
@@ -80,6 +81,24 @@ def test_duplicate_name_is_refused_but_a_retry_gets_the_same_savepoint(settings:
     with pytest.raises(ChangeoverError, match="a savepoint of that name exists"):
         savepoints.take(settings, "clicks", "sp1", mode="continue")
     assert savepoints.take(settings, "clicks", "sp1", mode="continue", exist_ok=True).id == first.id
+
+
+def test_a_retried_check_takes_its_savepoint_again_only_if_the_earlier_one_no_longer_verifies(
+        settings: Settings, tmp_path: Path) -> None:
+    _fake_committed_checkpoint(tmp_path / "cp")
+    _job_with_checkpoint(settings, tmp_path / "cp")
+    first = code_update.check_savepoint(settings, "clicks", "check-1")
+    assert code_update.check_savepoint(settings, "clicks", "check-1").id == first.id  # usable: reused
+    # a file of the running job's checkpoint, hard-linked into the savepoint, grows under it
+    with (tmp_path / "cp" / "totals" / "state" / "0" / "0" / "1.delta").open("ab") as grown:
+        grown.write(b"more")
+    with pytest.raises(ChangeoverError, match="is corrupted"):
+        savepoints.verify(Path(first.path))
+    again = code_update.check_savepoint(settings, "clicks", "check-1")
+    assert again.status == "COMPLETED"
+    savepoints.verify(Path(again.path))  # a reused one would be refused here, on every retry
+    deleted = [e.subject for e in audit.find(settings.database_url, job="clicks") if e.action == "savepoint.delete"]
+    assert deleted == ["clicks/check-1"], deleted
 
 
 def test_copy_is_pruned_to_the_committed_batch_and_hard_linked(settings: Settings, tmp_path: Path) -> None:

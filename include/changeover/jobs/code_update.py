@@ -3,6 +3,7 @@ new code, a stability gate, and a rollback to the old code from the same savepoi
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from changeover.upgrade import relocate, routing, warm, zero_downtime
 
 Code = str | dict[str, str]  # new code to ship (a path or module), or code already shipped (current_code)
 STRATEGIES = ("stop", "zero_downtime")
+log = logging.getLogger(__name__)
 
 
 def current_code(settings: Settings, job: str) -> dict[str, str]:
@@ -68,12 +70,29 @@ def check(settings: Settings, job: str, code: str | None, name: str, renames: di
     """A `continue` savepoint (the same one on a retry), the static check and the dry run against it, on the
     version the job would resume on, then the savepoint is deleted. The running job is not touched. With
     `state_partitions`, whether each stage's state can move to that count, replayed on a repartitioned copy."""
-    savepoints.take(settings, job, name, mode="continue", exist_ok=True)
+    check_savepoint(settings, job, name)
     target = target_version or routing.target_version(settings)
     report = check_code(settings, code, f"{job}/{name}", target, renames, dry_run=dry_run, strict=strict,
                         state_partitions=state_partitions)
     savepoints.delete(settings, job, name)  # only the check needed it; kept, it would count against retention
     return report
+
+
+def check_savepoint(settings: Settings, job: str, name: str) -> Savepoint:
+    """The check's `continue` savepoint: an earlier try's while it still verifies, else taken (again). A retry
+    that reused one no longer usable (a file changed under it) would fail the same way on every try."""
+    with session_scope(settings.database_url) as s:
+        earlier = s.scalar(select(Savepoint).where(Savepoint.job == job, Savepoint.name == name,
+                                                   Savepoint.status == "COMPLETED"))
+        path = Path(earlier.path) if earlier is not None else None
+    if path is not None:
+        try:
+            savepoints.verify(path)
+        except ChangeoverError as exc:
+            log.warning("savepoint %s of job %s, left by an earlier try of the check, is taken again: %s",
+                        name, job, exc)
+            savepoints.delete(settings, job, name)
+    return savepoints.take(settings, job, name, mode="continue", exist_ok=True)
 
 
 def switch_code(settings: Settings, job_name: str, code: Code, why: str) -> bool:

@@ -324,8 +324,9 @@ def _build(settings: Settings, job_name: str, name: str, mode: str, source: _Sou
         faults.crash("moved")
         savepoint.status, savepoint.size_bytes, savepoint.owner = "COMPLETED", manifest["size_bytes"], None
         savepoint.lease_until = None
-        audit.record(s, "savepoint.create", "savepoint", f"{job_name}/{name}", mode=mode, stages=source.stages,
-                     size_bytes=manifest["size_bytes"], spark_version=source.version, hard_links=link)
+        audit.record(s, "savepoint.create", "savepoint", f"{job_name}/{name}", job=job_name, mode=mode,
+                     stages=source.stages, size_bytes=manifest["size_bytes"], spark_version=source.version,
+                     hard_links=link)
         return savepoint
 
 
@@ -525,7 +526,7 @@ def delete(settings: Settings, job_name: str, name: str) -> None:
                                   "finish or fail that upgrade first")
         path = Path(savepoint.path)
         s.delete(savepoint)
-        audit.record(s, "savepoint.delete", "savepoint", f"{job_name}/{name}")
+        audit.record(s, "savepoint.delete", "savepoint", f"{job_name}/{name}", job=job_name)
     shutil.rmtree(path, ignore_errors=True)
 
 
