@@ -4,20 +4,24 @@ as its driver and its master would report it, and checks which list `drain.plan`
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from dataclasses import asdict, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from changeover import light
 from changeover.cluster import wait_for
+from changeover.jobs import code_update
 from changeover.light import ledger
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, LightJob, Member, utcnow
 from changeover.registry.states import LightState
 from changeover.settings import Settings
-from changeover.upgrade import drain
+from changeover.upgrade import drain, zero_downtime
 from fake_fleet import FakeFleet
 from sqlalchemy import select
 
@@ -123,6 +127,68 @@ def test_a_master_that_does_not_answer_leaves_the_job_where_it_was(fleet: FakeFl
     assert drain.plan(fleet.settings, fleet, "m1").stopping == [name]
     with session_scope(fleet.settings.database_url) as s:
         assert s.get(JobRun, s.get(Job, name).current_run_id).ended_at is None
+
+
+def _commits(stage: Path, batches: range, at: float) -> None:
+    """Commit files of `batches` in a stage checkpoint, written at `at` (POSIX seconds)."""
+    (stage / "commits").mkdir(parents=True, exist_ok=True)
+    for number in batches:
+        (stage / "commits" / str(number)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+        os.utime(stage / "commits" / str(number), (at, at))
+
+
+def _following(fleet: FakeFleet, name: str, tmp_path: Path, committed: int, replayed: int,
+               for_seconds: float) -> None:
+    """The job's live run has committed batches 0..committed-1; a ready standby on m2 has followed it read-only for
+    `for_seconds`, and replayed `replayed` batches itself after the 3 its savepoint gave it."""
+    now = time.time()
+    _commits(tmp_path / "live" / "counts", range(committed), now)
+    _commits(tmp_path / "follower" / "counts", range(3), now - for_seconds - 60)  # links to the savepoint's files
+    _commits(tmp_path / "follower" / "counts", range(3, 3 + replayed), now)
+    submission = fleet.master("4.2.0").create({"appArgs": []})
+    fleet.driver(submission).host, fleet.driver(submission).state = "m2", "RUNNING"
+    with session_scope(fleet.settings.database_url) as s:
+        live = s.get(JobRun, s.get(Job, name).current_run_id)
+        live.checkpoint_root = str(tmp_path / "live")
+        s.add(JobRun(job=name, spark_version="4.2.0", master_url="spark://fake", state="STANDBY", progress={},
+                     member="m2", submission_id=submission, heartbeat_at=utcnow(), standby_of=live.id,
+                     ready_at=utcnow(), following_since=utcnow() - timedelta(seconds=for_seconds),
+                     checkpoint_root=str(tmp_path / "follower")))
+
+
+# (case, batches the live run committed, the follower's own replays, seconds it has followed, where the job lands)
+FOLLOWING = [
+    ("two batches behind, within its catch-up: waited on", 5 + 2, 2, 30, "warming"),
+    ("level, its replays warm: the step's, to cut over", 5, 2, 30, "save"),
+    ("level, but its first replay only: waited on", 4, 1, 30, "warming"),
+    ("behind past its catch-up: the step's, to abort it", 5 + 2, 2, 301, "save"),
+]
+
+
+@pytest.mark.parametrize(("committed", "replayed", "for_seconds", "lands_in"), [c[1:] for c in FOLLOWING],
+                         ids=[c[0] for c in FOLLOWING])
+def test_a_zero_downtime_moves_follower_is_waited_on_until_it_is_level_or_out_of_time(
+        fleet: FakeFleet, tmp_path: Path, committed: int, replayed: int, for_seconds: float, lands_in: str) -> None:
+    """The roll's trigger and update_job's `follow` trigger wait out a follower's catch-up in the triggerer (the
+    drain's `warming`, `code_update.cut_over_due`) instead of waking their task for a step with nothing to do."""
+    name = _place(fleet, "m1")
+    _draining(fleet.settings, "m1", 1)
+    _following(fleet, name, tmp_path, committed, replayed, for_seconds)
+    plan = drain.plan(fleet.settings, fleet, "m1")
+    assert ([name] == plan.warming, [name] == plan.save) == (lands_in == "warming", lands_in == "save")
+    assert plan.actionable == (lands_in == "save")
+    assert code_update.cut_over_due(fleet.settings, fleet, name, zero_downtime.CatchUp()) == (lands_in == "save")
+
+
+def test_a_follower_that_ended_leaves_the_move_to_its_step(fleet: FakeFleet, tmp_path: Path) -> None:
+    name = _place(fleet, "m1")
+    _draining(fleet.settings, "m1", 1)
+    _following(fleet, name, tmp_path, 7, 2, 30)
+    with session_scope(fleet.settings.database_url) as s:
+        standby = s.scalar(select(JobRun).where(JobRun.standby_of.is_not(None)))
+        fleet.driver(str(standby.submission_id)).state = "FAILED"
+    assert drain.plan(fleet.settings, fleet, "m1").save == [name]
+    assert code_update.cut_over_due(fleet.settings, fleet, name, zero_downtime.CatchUp())
 
 
 FT = drain.JobSeen("moving", fault_tolerant=True, block_shutdown=False, shutdown_timeout=30, live=True,

@@ -176,11 +176,12 @@ class RollingUpgradeOperator(ChangeoverOperator):
         settings, cluster = self._setup(context)
         timeout = int(self.shutdown_timeout) if self.shutdown_timeout not in (None, "") else None
         window = DrainWindow.parse(self.window) if self.window else None
+        catch_up = CatchUp(float(self.catch_up_seconds or CatchUp.seconds))
         try:
             status = roll.step(settings, cluster, upgrade_key(context), timeout, window=window,
                                drain_needs_seconds=float(self.drain_needs_seconds or 0),
                                surge=int(self.surge or 0), move_strategy=self.move_strategy or None,
-                               catch_up=CatchUp(float(self.catch_up_seconds or CatchUp.seconds)))
+                               catch_up=catch_up)
         except NeedsOperator as exc:  # a retry would meet the same refusal: fail now, with what to do
             from airflow.sdk.exceptions import AirflowFailException
 
@@ -189,7 +190,8 @@ class RollingUpgradeOperator(ChangeoverOperator):
         if not status.done:
             # with a window, come back when it closes at the latest, to undo a drain it closes on
             opening = window.opening_at(datetime.now(UTC)) if window else None
-            self._defer("roll", upgrade_key(context), settings, self.roll_timeout, timeout,
+            # the trigger waits out a follower's catch-up too (`zero_downtime.waiting_on_successor`)
+            self._defer("roll", upgrade_key(context), settings, max(self.roll_timeout, catch_up.seconds + 600), timeout,
                         fire_by=opening[1] if opening else None, deadline=deadline)
         return status.as_dict()
 
@@ -538,7 +540,8 @@ class ResumeWithCodeOperator(ChangeoverOperator):
 
                 raise AirflowFailException(str(exc)) from exc
             if run is None:  # the job runs on while its follower starts or catches up
-                self._defer("follow", str(self.job), settings, timeout=catch_up.seconds + 600, deadline=deadline)
+                self._defer("follow", str(self.job), settings, timeout=catch_up.seconds + 600, deadline=deadline,
+                            params={"catch_up": asdict(catch_up)})
         else:
             run = code_update.resume_with(settings, cluster, str(self.job), self.code, self.savepoint_name, **options)
         assert run is not None

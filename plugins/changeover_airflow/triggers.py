@@ -12,6 +12,7 @@ from changeover.cluster.spark_master import MasterUnreachable
 from changeover.jobs import code_update
 from changeover.settings import Settings
 from changeover.upgrade import member_upgrade, roll
+from changeover.upgrade.zero_downtime import CatchUp
 
 # A deferring task's worker reports its own exit after it defers. A trigger that fires before the
 # scheduler has taken that report in makes it see a stale "success" and retry the task (apache/airflow
@@ -38,8 +39,10 @@ def _ready(kind: str, subject: str, settings: Settings, shutdown_timeout: int | 
         result = code_update.stability(settings, membership_for(settings), subject, params["savepoint"],
                                   int(params["batches"]), float(params["max_lag_seconds"]), params.get("renames") or {})
         return result.stable or result.ended, {"stable": result.stable, "reason": result.reason}
-    if kind == "follow":  # a zero-downtime update's follower: its next step (`code_update.cut_over`) looks itself
-        return True, {}
+    if kind == "follow":  # a zero-downtime update: its follower starts, catches up, or is due to take over
+        due = code_update.cut_over_due(settings, membership_for(settings), subject,
+                                       CatchUp(**params.get("catch_up", {})))
+        return due, {"cut_over_due": due}
     waiting = member_upgrade.jobs_stopping(settings)
     if kind == "stop":  # one job asked to stop at a batch boundary
         return subject not in waiting, {"stopping": waiting}

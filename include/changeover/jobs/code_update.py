@@ -187,6 +187,14 @@ def cut_over(settings: Settings, membership: Membership, job: str, code: Code, s
     return live_run_on(settings, membership, job, wanted)
 
 
+def cut_over_due(settings: Settings, membership: Membership, job: str, catch_up: zero_downtime.CatchUp) -> bool:
+    """Whether `cut_over` has a step to take now: not while the job's follower starts, or replays behind it within
+    its catch-up (a trigger waits that out)."""
+    run = jobs.refresh(settings, membership, job)
+    return run is None or run.state not in jobs.LIVE or not zero_downtime.waiting_on_successor(
+        settings, membership, run, catch_up)
+
+
 def resume_with(settings: Settings, membership: Membership, job: str, code: Code, savepoint: str,
                 renames: dict[str, str] | None = None, allow_non_restored_state: bool = False,
                 rewind_sink: bool = False, why: str = "update", state_partitions: int | None = None) -> JobRun:

@@ -36,7 +36,7 @@ class DrainPlan:
     status: str
     blocked_by: list[str] = field(default_factory=list)  # other members mid-upgrade: one at a time
     save: list[str] = field(default_factory=list)  # fault-tolerant and running: to be moved (warm where it can)
-    warming: list[str] = field(default_factory=list)  # running while a standby starts on the target (`warm`)
+    warming: list[str] = field(default_factory=list)  # running while its successor starts or catches up
     stopping: list[str] = field(default_factory=list)  # asked to stop; the driver finishes its batch
     stopped: list[str] = field(default_factory=list)  # at a batch boundary: to be saved and resumed elsewhere
     wait: list[str] = field(default_factory=list)
@@ -130,7 +130,7 @@ class JobSeen:
     shutdown_timeout: int
     live: bool  # its run is submitted or running
     asked_to_stop: bool  # asked to stop or to move: its driver finishes its batch
-    warming: bool = False  # a standby of its run starts on the target (`warm`)
+    warming: bool = False  # its successor starts, or follows it read-only, within its time
     light: bool = False  # a light job on the member's Connect server, named by its tag
 
 
@@ -189,8 +189,10 @@ def decide(seen: Seen) -> DrainPlan:
     return result
 
 
-def plan(settings: Settings, membership: Membership, member: str, shutdown_timeout: int | None = None) -> DrainPlan:
-    """What draining `member` waits for now: observed, then `decide`d. shutdown_timeout caps each job's own."""
+def plan(settings: Settings, membership: Membership, member: str, shutdown_timeout: int | None = None,
+         upgrade_key: str | None = None) -> DrainPlan:
+    """What draining `member` waits for now: observed, then `decide`d. shutdown_timeout caps each job's own;
+    upgrade_key: the upgrade whose catch-up a zero-downtime move's follower is given."""
     with session_scope(settings.database_url) as s:
         row = get_member(s, member)
         status, started = row.status, row.drain_started_at
@@ -200,12 +202,16 @@ def plan(settings: Settings, membership: Membership, member: str, shutdown_timeo
         return decide(seen)
     now = utcnow()
     draining = status == "DRAINING"
-    found = []
+    found, catch_up = [], None
     for job, run in jobs_on(settings, membership, member, started if draining else None):
         live = run.state in jobs.LIVE
         asked = job.desired in STOPPING
+        waiting = False
+        if job.fault_tolerant and live and not asked:
+            catch_up = catch_up or zero_downtime.for_upgrade(settings, upgrade_key)[1]
+            waiting = zero_downtime.waiting_on_successor(settings, membership, run, catch_up)
         found.append(JobSeen(job.name, job.fault_tolerant, job.block_shutdown, job.shutdown_timeout, live, asked,
-                             job.fault_tolerant and live and not asked and _warming(settings, membership, run)))
+                             waiting))
     found += [JobSeen(job.tag, False, job.block_shutdown, job.shutdown_timeout, True, False, light=True)
               for job in light_jobs_on(settings, membership, member)]
     seen = replace(seen, jobs=tuple(found), draining_for=(now - as_utc(started)).total_seconds() if started else 0.0)
@@ -247,7 +253,7 @@ def step(
     shutdown_timeout: int | None = None,
     upgrade_key: str | None = None,
 ) -> DrainPlan:
-    current = plan(settings, membership, member, shutdown_timeout)
+    current = plan(settings, membership, member, shutdown_timeout, upgrade_key)
     if current.done or current.blocked_by:
         return current
     if current.status == "ACTIVE" and not _begin(settings, current):
@@ -262,16 +268,16 @@ def step(
         else:
             jobs.cancel(settings, membership, name, reason=reason)
         _record(settings, "drain.cancelled", member, name)
-    after = plan(settings, membership, member, shutdown_timeout)
+    after = plan(settings, membership, member, shutdown_timeout, upgrade_key)
     if after.status == "DRAINING" and not after.light:
         membership.stop_connect(member)  # no light job left on it, and none is routed to a DRAINING member
     if after.status == "DRAINING" and not (after.save or after.warming or after.stopping or after.decommissioned):
         membership.decommission(member)  # only now: the saved jobs' batches no longer need its executors
-        after = plan(settings, membership, member, shutdown_timeout)
+        after = plan(settings, membership, member, shutdown_timeout, upgrade_key)
     if after.decommissioned and after.stopped:  # decommissioned first, so a resumed driver cannot land here
         faults.point(settings, "drain.after_stop")
         _move(settings, membership, member, after.stopped, upgrade_key)
-        after = plan(settings, membership, member, shutdown_timeout)
+        after = plan(settings, membership, member, shutdown_timeout, upgrade_key)
     if current.status != "ACTIVE" and after.decommissioned and after.executors == 0 and not after.jobs_left:
         with session_scope(settings.database_url) as s:
             row = s.get(Member, member)
@@ -294,12 +300,6 @@ def light_jobs_on(settings: Settings, membership: Membership, member: str) -> li
         else:
             light.interrupt(settings, job.tag, why, settle=0)
     return alive
-
-
-def _warming(settings: Settings, membership: Membership, run: JobRun) -> bool:
-    """A standby of the run is starting on the target, and not yet past its deadline (`warm.prepare` then acts)."""
-    standby = warm.standby_of(settings, membership, run.id)
-    return standby is not None and warm.warming(standby)
 
 
 def _move(settings: Settings, membership: Membership, member: str, names: list[str], upgrade_key: str | None) -> None:

@@ -125,7 +125,7 @@ def observe(
         progress = lock.started(s, upgrade_key).progress or {}
     current = next((m for m in progress.get("order", []) if progress["phases"][m] == DRAINING), None) \
         or surges.leaving(progress)
-    plan = drain.plan(settings, cluster, current, shutdown_timeout) if current else None
+    plan = drain.plan(settings, cluster, current, shutdown_timeout, upgrade_key) if current else None
     return _status(settings, upgrade_key, current, plan)
 
 

@@ -29,7 +29,7 @@ from changeover.runtime import checkpoints
 from changeover.runtime.follower import lag, replayed_since
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from changeover.upgrade import lock
+from changeover.upgrade import lock, warm
 
 STRATEGIES = ("warm", "zero_downtime")
 ENDED_DRIVER = ("FINISHED", "FAILED", "KILLED", "ERROR")
@@ -87,6 +87,41 @@ def strategy_of(asked: str | None, options: dict[str, Any]) -> str:
     return str(chosen)
 
 
+@dataclass(frozen=True)
+class Standing:
+    """Where a follower stands against the live run, read from both checkpoints."""
+
+    behind: dict[str, int]  # per stage, batches the live run has committed that the follower has not
+    waited: float  # seconds since it began to follow
+    caught_up: bool  # within `CatchUp.batches` on every stage, its own replays warm
+    timed_out: bool  # not caught up, and past `CatchUp.seconds`
+
+
+def standing(run: JobRun, follower: JobRun, catch_up: CatchUp) -> Standing:
+    """Where `follower` (following since its `following_since`) stands against the live `run`."""
+    assert run.checkpoint_root and follower.checkpoint_root and follower.following_since is not None
+    stages = checkpoints.stage_names(Path(run.checkpoint_root))
+    behind = lag(Path(run.checkpoint_root), Path(follower.checkpoint_root), stages)
+    waited = (utcnow() - as_utc(follower.following_since)).total_seconds()
+    replayed = replayed_since(Path(follower.checkpoint_root), stages, as_utc(follower.following_since).timestamp())
+    # warm: its replays compiled the plans and loaded the state; a stage with no input meanwhile has none to replay
+    level = all(n <= catch_up.batches for n in behind.values()) and max(replayed.values(), default=0) >= \
+        catch_up.warm_batches
+    return Standing(behind, waited, level, not level and waited >= catch_up.seconds)
+
+
+def waiting_on_successor(settings: Settings, membership: Membership, run: JobRun, catch_up: CatchUp) -> bool:
+    """Whether the run's move has nothing to do now but wait: its standby is starting within its time, or its follower
+    replays behind the live run within its catch-up. A trigger waits this out instead of waking its task."""
+    standby = warm.standby_of(settings, membership, run.id)
+    if standby is None:
+        return False
+    if standby.following_since is None:
+        return warm.warming(standby)  # ready, it is the step's to give it its checkpoint
+    now = standing(run, standby, catch_up)
+    return not now.caught_up and not now.timed_out
+
+
 def caught_up(settings: Settings, membership: Membership, job_name: str, run: JobRun, standby: JobRun,
               reason: str, catch_up: CatchUp, upgrade_key: str | None = None) -> bool:
     """True once the ready standby follows the live run within `catch_up.batches` on every stage. The first call
@@ -98,21 +133,16 @@ def caught_up(settings: Settings, membership: Membership, job_name: str, run: Jo
         if not _start_following(settings, job_name, standby.id, root, name):
             shutil.rmtree(root, ignore_errors=True)
         return False
-    assert run.checkpoint_root and standby.checkpoint_root
-    stages = checkpoints.stage_names(Path(run.checkpoint_root))
-    behind = lag(Path(run.checkpoint_root), Path(standby.checkpoint_root), stages)
-    waited = (utcnow() - as_utc(standby.following_since)).total_seconds()
-    replayed = replayed_since(Path(standby.checkpoint_root), stages, as_utc(standby.following_since).timestamp())
-    # warm: its replays compiled the plans and loaded the state; a stage with no input meanwhile has none to replay
-    if all(n <= catch_up.batches for n in behind.values()) and max(replayed.values()) >= catch_up.warm_batches:
+    now = standing(run, standby, catch_up)
+    if now.caught_up:
         with session_scope(settings.database_url) as s:
-            audit.record(s, "job.follow.caught_up", "job", job_name, run=standby.id, follows=run.id, behind=behind,
-                         seconds=round(waited, 1))
+            audit.record(s, "job.follow.caught_up", "job", job_name, run=standby.id, follows=run.id,
+                         behind=now.behind, seconds=round(now.waited, 1))
         return True
-    if waited < catch_up.seconds:
+    if not now.timed_out:
         return False
-    why = (f"its follower run {standby.id} was still {behind} batch(es) behind the live run {run.id} after "
-           f"{waited:.0f} s (it must be within {catch_up.batches})")
+    why = (f"its follower run {standby.id} was still {now.behind} batch(es) behind the live run {run.id} after "
+           f"{now.waited:.0f} s (it must be within {catch_up.batches})")
     abort(settings, membership, job_name, standby, why)
     raise CatchUpTimedOut(f"zero-downtime move of job {job_name}", f"{why}; the follower was ended and its "
                           f"checkpoint removed, and the job was never stopped: it runs on as run {run.id}",
