@@ -6,12 +6,13 @@ from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow.sdk import Asset, BaseOperator
+from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 from changeover import audit, jobs, savepoints
 from changeover.cluster import Membership, membership_for
 from changeover.errors import ChangeoverError, NeedsOperator
 from changeover.jobs import code_update, move_history
+from changeover.registry.models import Savepoint
 from changeover.settings import Settings
 from changeover.upgrade import lock, maintenance, member_upgrade, roll, verify
 from changeover.upgrade.windows import DrainWindow
@@ -271,6 +272,20 @@ class FinishUpgradeOperator(ChangeoverOperator):
 
 
 SAVEPOINTS_ASSET = Asset(name="changeover_savepoints", uri="changeover://savepoints")
+# update_job's stop and resume: whichever took the update's savepoint publishes it (the resume, at a zero-downtime
+# cut-over), and the other publishes nothing rather than an empty event
+SAVEPOINTS_TAKEN = AssetAlias(name="changeover_savepoints_taken")
+
+
+def _publish(context: Any, outlets: list[Any], sp: Savepoint) -> dict[str, Any]:
+    """The savepoint as an event of SAVEPOINTS_ASSET, through the task's alias where it has one."""
+    summary = {"job": sp.job, "savepoint": sp.name, "mode": sp.mode, "size_bytes": sp.size_bytes,
+               "spark_version": sp.spark_version, "stages": sp.stages, "path": sp.path}
+    if SAVEPOINTS_TAKEN in outlets:
+        context["outlet_events"][SAVEPOINTS_TAKEN].add(SAVEPOINTS_ASSET, extra=summary)
+    else:
+        context["outlet_events"][SAVEPOINTS_ASSET].extra = summary
+    return summary
 
 
 class SavepointOperator(ChangeoverOperator):
@@ -297,9 +312,7 @@ class SavepointOperator(ChangeoverOperator):
             if run is not None and run.state in jobs.LIVE:
                 self._defer("stop", self.job, settings, timeout=600, deadline=deadline)
         sp = savepoints.take(settings, self.job, self.savepoint_name, mode=self.mode, exist_ok=True)
-        summary = {"job": sp.job, "savepoint": sp.name, "mode": sp.mode, "size_bytes": sp.size_bytes,
-                   "spark_version": sp.spark_version, "stages": sp.stages, "path": sp.path}
-        context["outlet_events"][SAVEPOINTS_ASSET].extra = summary
+        summary = _publish(context, self.outlets, sp)
         self.log.info("savepoint %s/%s: %s", sp.job, sp.name, summary)
         return summary
 
@@ -490,7 +503,7 @@ class UpdateStopOperator(SavepointOperator):
 
     def __init__(self, *, strategy: Any = None, rename_stages: Any = None, allow_non_restored_state: Any = False,
                  state_partitions: Any = None, **kwargs: Any) -> None:
-        super().__init__(mode="stop", **kwargs)
+        super().__init__(mode="stop", outlets=[SAVEPOINTS_TAKEN], **kwargs)
         self.strategy, self.rename_stages = strategy, rename_stages
         self.allow_non_restored_state, self.state_partitions = allow_non_restored_state, state_partitions
 
@@ -519,7 +532,7 @@ class ResumeWithCodeOperator(ChangeoverOperator):
     def __init__(self, *, job: str, code: Any, savepoint_name: str, rename_stages: Any = None,
                  allow_non_restored_state: Any = False, state_partitions: Any = None, strategy: Any = None,
                  catch_up_seconds: Any = CatchUp.seconds, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(outlets=[SAVEPOINTS_TAKEN], **kwargs)
         self.job, self.code, self.savepoint_name = job, code, savepoint_name
         self.rename_stages, self.allow_non_restored_state = rename_stages, allow_non_restored_state
         self.state_partitions, self.strategy, self.catch_up_seconds = state_partitions, strategy, catch_up_seconds
@@ -542,6 +555,7 @@ class ResumeWithCodeOperator(ChangeoverOperator):
             if run is None:  # the job runs on while its follower starts or catches up
                 self._defer("follow", str(self.job), settings, timeout=catch_up.seconds + 600, deadline=deadline,
                             params={"catch_up": asdict(catch_up)})
+            _publish(context, self.outlets, savepoints.completed(settings, str(self.job), self.savepoint_name))
         else:
             run = code_update.resume_with(settings, cluster, str(self.job), self.code, self.savepoint_name, **options)
         assert run is not None

@@ -597,6 +597,8 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
         # issue 27's freshness bound: no input file waited for the sink longer than two trigger intervals
         assert summary["largest_gap_seconds"] is not None and summary["largest_gap_seconds"] <= 2 * 5.0, summary
         print("zero-downtime update:", summary)
+        # the savepoint the resume took at the cut-over is the Asset event, the stop (which took none) published none
+        assert _savepoint_events(stack, updated) == [("resume", cut["name"])]
         _assert_ledger_split(stack, name, cut["stages"], first.id, run.id)
         _committing_on(stack, name, run.id)
 
@@ -646,6 +648,13 @@ def _update_savepoint(stack: Stack, job: str, run_id: str) -> dict[str, Any]:
     return next(sp for sp in savepoints.list_savepoints(stack.settings, job) if sp["name"] == f"update-{mark}")
 
 
+def _savepoint_events(stack: Stack, run_id: str) -> list[tuple[str, str]]:
+    """The changeover_savepoints Asset events an update_job run published: (task, savepoint), from Airflow's API."""
+    events = stack.airflow.api("GET", "/assets/events", params={"source_dag_id": "update_job",
+                                                                "source_run_id": run_id}).json()["asset_events"]
+    return [(e["source_task_id"], e["extra"]["savepoint"]) for e in events if e["name"] == "changeover_savepoints"]
+
+
 def _rescales(stack: Stack, job: str) -> list[tuple[int, int]]:
     return [(e.details["partitions_before"], e.details["partitions"])
             for e in audit.find(stack.settings.database_url, job=job) if e.action == "job.rescale"]
@@ -681,6 +690,7 @@ def test_update_job_grows_and_shrinks_a_jobs_state_partitions_exact_and_a_failed
             assert "CO-SCALE-04 job rescaled, stage deduplicated_counts" in said and "4 -> 8 partitions" in said
             assert re.search(r"dry run: stage deduplicated_counts replayed batch \d+", said), said[-3000:]
             saved = _update_savepoint(stack, name, grown)
+            assert _savepoint_events(stack, grown) == [("stop", saved["name"])]
             savepoint_stage = Path(stack.settings.savepoint_dir) / name / saved["name"] / "stages" / STAGE
             assert state_partitions.partitions(savepoint_stage) == 4, "the savepoint keeps its own count"
             savepoints.verify(savepoint_stage.parent.parent)

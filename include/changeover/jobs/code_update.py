@@ -9,8 +9,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
 from changeover import audit, jobs, savepoints
 from changeover.cluster import Membership, wait_for
 from changeover.compat.checker import Report
@@ -82,8 +80,7 @@ def check_savepoint(settings: Settings, job: str, name: str) -> Savepoint:
     """The check's `continue` savepoint: an earlier try's while it still verifies, else taken (again). A retry
     that reused one no longer usable (a file changed under it) would fail the same way on every try."""
     with session_scope(settings.database_url) as s:
-        earlier = s.scalar(select(Savepoint).where(Savepoint.job == job, Savepoint.name == name,
-                                                   Savepoint.status == "COMPLETED"))
+        earlier = savepoints.completed_in(s, job, name)
         path = Path(earlier.path) if earlier is not None else None
     if path is not None:
         try:
@@ -243,12 +240,11 @@ def rollback(settings: Settings, membership: Membership, job: str, old_code: dic
         run = jobs.current_run(s, row)
         live = run is not None and (run.state in jobs.LIVE or run.parked)
         from_update = run is not None and run.from_savepoint == savepoint
-        saved = s.scalar(select(Savepoint.path).where(Savepoint.job == job, Savepoint.name == savepoint,
-                                                      Savepoint.status == "COMPLETED"))
+        saved = savepoints.completed_in(s, job, savepoint)
         root = run.checkpoint_root if run is not None else None
         # an update may keep the code and change only the state's partitions: told by the state itself, whichever
         # run (the update's, one continuing it, a move's) holds it now
-        rescaled = saved is not None and root is not None and repartitioned_since(Path(saved), Path(root))
+        rescaled = saved is not None and root is not None and repartitioned_since(Path(saved.path), Path(root))
         desired, on_old_code = row.desired, row.code == old_code["code"] and not rescaled
     if on_old_code and live and from_update:
         return jobs.refresh(settings, membership, job)  # rolled back by an earlier try
@@ -264,8 +260,7 @@ def rollback(settings: Settings, membership: Membership, job: str, old_code: dic
         wait_for(lambda: (r := jobs.refresh(settings, membership, job)) is None or r.state not in jobs.LIVE,
                  180, f"job {job} stopping at its batch boundary before its rollback")
     with session_scope(settings.database_url) as s:
-        taken = s.scalar(select(Savepoint.id).where(Savepoint.job == job, Savepoint.name == savepoint,
-                                                    Savepoint.status == "COMPLETED")) is not None
+        taken = savepoints.completed_in(s, job, savepoint) is not None
         run = jobs.current_run(s, jobs.get_job(s, job))
         from_update = run is not None and run.from_savepoint == savepoint
     if taken:

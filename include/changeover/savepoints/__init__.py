@@ -359,8 +359,7 @@ def check_available(settings: Settings, job_name: str, name: str) -> None:
     check_name("savepoint", name)
     with session_scope(settings.database_url) as s:
         get_job(s, job_name)
-        taken = s.scalar(select(Savepoint.id).where(Savepoint.job == job_name, Savepoint.name == name,
-                                                    Savepoint.status == "COMPLETED"))
+        taken = completed_in(s, job_name, name)
     if taken is not None:
         raise _duplicate(job_name, name)
 
@@ -372,10 +371,22 @@ def _write_durably(path: Path, text: str) -> None:
         os.fsync(out.fileno())
 
 
+def completed_in(s: Any, job_name: str, name: str) -> Savepoint | None:
+    """The job's completed savepoint of that name, in session `s`; None when there is none."""
+    return s.scalar(select(Savepoint).where(Savepoint.job == job_name, Savepoint.name == name,
+                                            Savepoint.status == "COMPLETED"))
+
+
+def completed(settings: Settings, job_name: str, name: str) -> Savepoint:
+    """The job's completed savepoint of that name; refused, with those it has, when there is none."""
+    with session_scope(settings.database_url) as s:
+        return get_savepoint(s, job_name, name)
+
+
 def get_savepoint(s: Any, job_name: str, name: str) -> Savepoint:
     check_name("savepoint", name)
-    savepoint = s.scalar(select(Savepoint).where(Savepoint.job == job_name, Savepoint.name == name))
-    if savepoint is None or savepoint.status != "COMPLETED":
+    savepoint = completed_in(s, job_name, name)
+    if savepoint is None:
         known = ", ".join(s.scalars(select(Savepoint.name).where(
             Savepoint.job == job_name, Savepoint.status == "COMPLETED"))) or "none"
         raise ChangeoverError(f"savepoint {name!r} of job {job_name}", f"no such savepoint (known: {known})",

@@ -24,7 +24,7 @@ from changeover.cluster import Membership, wait_for
 from changeover.errors import ChangeoverError
 from changeover.jobs import dismiss_standby
 from changeover.registry.db import lock_row, session_scope
-from changeover.registry.models import Job, JobRun, Savepoint, UpgradeRun, utcnow
+from changeover.registry.models import Job, JobRun, UpgradeRun, utcnow
 from changeover.runtime import checkpoints
 from changeover.runtime.follower import lag, replayed_since
 from changeover.settings import Settings
@@ -204,8 +204,7 @@ def _drop_stale(settings: Settings, job_name: str, name: str, predecessor: JobRu
     """A savepoint of that name at another batch is an earlier cut-over's, whose follower failed before writing and
     whose run took the job back and wrote on: a rollback and a gate need this cut-over's batch."""
     with session_scope(settings.database_url) as s:
-        row = s.scalar(select(Savepoint).where(Savepoint.job == job_name, Savepoint.name == name,
-                                               Savepoint.status == "COMPLETED"))
+        row = savepoints.completed_in(s, job_name, name)
         stale = row is not None and (row.run_id != predecessor.id or not at_park(row.stages, predecessor))
     if stale:
         savepoints.delete(settings, job_name, name)
