@@ -18,6 +18,7 @@ import pytest
 from changeover.cluster import wait_for
 from changeover.runtime import Stage
 from changeover.runtime.checkpoints import last_commit, last_offsets
+from changeover.runtime.contract import interval_seconds
 from changeover.runtime.queries import StageQueries
 from changeover.runtime.sinks import Sink, WriteContext
 
@@ -62,7 +63,7 @@ class _Noop(Sink):
         return self
 
 
-def _slow_stage(spark: Any, tmp_path: Path, files: int) -> tuple[Stage, Path]:
+def _slow_stage(spark: Any, tmp_path: Path, files: int, trigger: str = "0 seconds") -> tuple[Stage, Path]:
     from pyspark.sql import functions as F
 
     source = tmp_path / "in"
@@ -78,7 +79,7 @@ def _slow_stage(spark: Any, tmp_path: Path, files: int) -> tuple[Stage, Path]:
         return int(value)
 
     frame = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).select(slow("value").alias("n"))
-    return Stage("slow", frame, _Noop(), trigger="0 seconds"), tmp_path / "cp"
+    return Stage("slow", frame, _Noop(), trigger=trigger), tmp_path / "cp"
 
 
 def test_a_stop_waits_for_the_running_batch_to_commit(spark: Any, tmp_path: Path) -> None:
@@ -117,3 +118,38 @@ def test_past_the_deadline_the_stop_is_given_up_and_the_queries_run_on(spark: An
     (tmp_path / "gate").touch()
     wait_for(lambda: (last_commit(root / "slow") or -1) >= 5, 180, "every file's batch committed after all")
     queries.stop_now()
+
+
+def test_a_moves_stop_between_batches_waits_for_the_next_commit_and_stops_right_after_it(spark: Any,
+                                                                                          tmp_path: Path) -> None:
+    """A move's downtime runs from the last commit: stopped between batches at once, it would begin at a commit
+    already up to an interval old."""
+    stage, root = _slow_stage(spark, tmp_path, files=8, trigger="2 seconds")
+    (tmp_path / "gate").touch()  # batches run freely, one file each, one every 2 s
+    queries = StageQueries([stage], root, "sqlite://", "job", 1)
+    queries.start()
+    query = queries.queries["slow"]
+    wait_for(lambda: last_commit(root / "slow") is not None and not query.status["isTriggerActive"], 120,
+             "a batch committed and the query idle until its next trigger")
+    at_call = last_commit(root / "slow")
+    assert queries.stop_at_boundary(60, after_commit=True) and not query.isActive
+    stopped_at = last_commit(root / "slow")
+    assert stopped_at is not None and at_call is not None and stopped_at > at_call
+    assert last_offsets(root / "slow") == stopped_at  # right after that commit: nothing planned past it
+
+
+def test_a_moves_stop_with_no_input_waits_two_intervals_then_stops(spark: Any, tmp_path: Path) -> None:
+    stage, root = _slow_stage(spark, tmp_path, files=0, trigger="1 second")
+    queries = StageQueries([stage], root, "sqlite://", "job", 1)
+    queries.start()
+    wait_for(lambda: queries.queries["slow"].lastProgress is not None, 120, "a first trigger")
+    began = time.monotonic()
+    assert queries.stop_at_boundary(60, after_commit=True)
+    assert 2.0 <= time.monotonic() - began < 30  # no commit comes: two intervals, not the 60 s deadline's half
+    assert last_offsets(root / "slow") is None
+
+
+def test_a_trigger_interval_is_read_as_spark_writes_it() -> None:
+    assert [interval_seconds(t) for t in ("1 second", "5 seconds", "500 milliseconds", "interval 2 minutes",
+                                          "0 seconds", "2 days", "1.5 hours")] == [1, 5, 0.5, 120, 0, 172800, 5400]
+    assert interval_seconds("every now and then") is None and interval_seconds("3 fortnights") is None

@@ -3,6 +3,7 @@ its output mode, its trigger and a declared sink. Changeover adds only the query
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,21 @@ class Stage:
             raise ChangeoverError(f"stage {self.name} in {self.output_mode} mode", f"its {self.sink.kind} sink takes "
                                   f"{' or '.join(modes)} output only", "write the stage in append mode (an "
                                   "aggregation needs a watermark for it), or declare a keyed table as its sink")
+
+
+_UNIT_SECONDS = {"millisecond": 0.001, "ms": 0.001, "second": 1.0, "sec": 1.0, "minute": 60.0, "min": 60.0,
+                 "hour": 3600.0, "day": 86400.0}
+
+
+def interval_seconds(trigger: str) -> float | None:
+    """A processing-time trigger's interval in seconds, as Spark reads "1 second", "500 milliseconds", "interval 2
+    minutes"; None for a form this does not read."""
+    found = re.fullmatch(r"(?:interval\s+)?(\d+(?:\.\d+)?)\s*([a-z]+)", trigger.strip().lower())
+    if found is None:
+        return None
+    unit = found.group(2)
+    scale = _UNIT_SECONDS.get(unit) or _UNIT_SECONDS.get(unit.removesuffix("s"))
+    return float(found.group(1)) * scale if scale is not None else None
 
 
 @dataclass(frozen=True)

@@ -382,7 +382,7 @@ class Driver:
                 self.report(queries.committed(), committed=False, state="STOPPED")
                 return True
             if state in ("STOP", "MOVE"):
-                if not queries.stop_at_boundary(self.stop_deadline):
+                if not queries.stop_at_boundary(self.stop_deadline, after_commit=state == "MOVE"):
                     self._patiently(partial(self.stop_failed, state))
                     continue
                 now = queries.committed()

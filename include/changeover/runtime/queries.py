@@ -5,21 +5,24 @@ batch (listing files, no offsets written yet), then stops the query, so the last
 whose batches follow each other back to back is stopped just after a commit: the next batch may have begun, which
 leaves at most an offset entry ahead of the last commit. Spark replays it with
 the same offsets, savepoints keep that entry, and the sinks recognise a replayed batch. Past the deadline (one
-batch that runs longer) the stop is given up and the queries run on.
+batch that runs longer) the stop is given up and the queries run on. A move's stop of a one-stage job first waits
+for the next commit, so the job's downtime starts at the stop, not at a commit already past.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from changeover.runtime.checkpoints import last_commit, last_offsets
-from changeover.runtime.contract import Stage
+from changeover.runtime.contract import Stage, interval_seconds
 from changeover.runtime.sinks import WriteContext
 
 POLL_SECONDS = 0.02
+log = logging.getLogger(__name__)
 
 
 class StageQueries:
@@ -81,11 +84,16 @@ class StageQueries:
         committed = last_commit(self.root / name)
         return committed != before or last_offsets(self.root / name) == committed
 
-    def stop_at_boundary(self, deadline_seconds: float) -> bool:
+    def stop_at_boundary(self, deadline_seconds: float, after_commit: bool = False) -> bool:
         """Stop every query at its next boundary, all watched at once. False, with every query running again,
-        past the deadline."""
-        deadline = time.monotonic() + deadline_seconds
+        past the deadline. after_commit (a move of a one-stage job): first wait for the query's next commit, up to two
+        trigger intervals and half the deadline, and stop right after it. A move's downtime runs from the last
+        commit: a stop between batches would start it up to an interval before the stop. The deadline runs from the
+        end of that wait. Stages of one job wait on each other's commits, so several are stopped at once."""
         before = {name: last_commit(self.root / name) for name in self.queries}
+        if after_commit and len(self.queries) == 1:
+            self._await_next_commit(next(iter(self.queries)), before, deadline_seconds / 2)
+        deadline = time.monotonic() + deadline_seconds
         stopped: list[str] = []
         while self.queries:
             for name in [n for n in self.queries if self.at_boundary(n, before[n])]:
@@ -98,3 +106,14 @@ class StageQueries:
                 return False
             time.sleep(POLL_SECONDS)
         return True
+
+    def _await_next_commit(self, name: str, before: dict[str, int | None], at_most: float) -> None:
+        trigger = next(stage.trigger for stage in self.stages if stage.name == name)
+        interval = interval_seconds(trigger)
+        if interval is None:
+            log.warning("stage %s: its trigger %r is not a form read here; its stop does not wait for a commit",
+                        name, trigger)
+            return
+        query, until = self.queries[name], time.monotonic() + min(2 * interval, at_most)
+        while time.monotonic() < until and query.isActive and last_commit(self.root / name) == before[name]:
+            time.sleep(POLL_SECONDS)
