@@ -120,32 +120,37 @@ def test_past_the_deadline_the_stop_is_given_up_and_the_queries_run_on(spark: An
     queries.stop_now()
 
 
-def test_a_moves_stop_between_batches_waits_for_the_next_commit_and_stops_right_after_it(spark: Any,
-                                                                                          tmp_path: Path) -> None:
+def test_a_moves_stop_between_batches_waits_for_the_next_batch_and_stops_right_after_its_commit(
+        spark: Any, tmp_path: Path) -> None:
     """A move's downtime runs from the last commit: stopped between batches at once, it would begin at a commit
-    already up to an interval old."""
-    stage, root = _slow_stage(spark, tmp_path, files=8, trigger="2 seconds")
-    (tmp_path / "gate").touch()  # batches run freely, one file each, one every 2 s
+    already up to an interval old. The test decides when the next batch has input: after the stop has begun."""
+    stage, root = _slow_stage(spark, tmp_path, files=1, trigger="3 seconds")
+    (tmp_path / "gate").touch()
     queries = StageQueries([stage], root, "sqlite://", "job", 1)
     queries.start()
     query = queries.queries["slow"]
-    wait_for(lambda: last_commit(root / "slow") is not None and not query.status["isTriggerActive"], 120,
-             "a batch committed and the query idle until its next trigger")
-    at_call = last_commit(root / "slow")
-    assert queries.stop_at_boundary(60, after_commit=True) and not query.isActive
-    stopped_at = last_commit(root / "slow")
-    assert stopped_at is not None and at_call is not None and stopped_at > at_call
-    assert last_offsets(root / "slow") == stopped_at  # right after that commit: nothing planned past it
+    wait_for(lambda: last_commit(root / "slow") == 0 and not query.status["isTriggerActive"], 120,
+             "batch 0 committed and the query idle until its next trigger")
+    stopped: list[bool] = []
+    stopper = threading.Thread(target=lambda: stopped.append(queries.stop_at_boundary(60, after_commit=True)))
+    stopper.start()
+    arriving = tmp_path / "1.txt"  # written whole, then moved in: the source never lists half a file
+    arriving.write_text("4\n5\n")
+    arriving.rename(tmp_path / "in" / "1.txt")
+    stopper.join(timeout=120)
+    assert stopped == [True] and not query.isActive
+    assert last_commit(root / "slow") == 1  # the batch of the file that came during the wait, whole
+    assert last_offsets(root / "slow") == 1  # and the stop came right after its commit: nothing planned past it
 
 
-def test_a_moves_stop_with_no_input_waits_two_intervals_then_stops(spark: Any, tmp_path: Path) -> None:
-    stage, root = _slow_stage(spark, tmp_path, files=0, trigger="1 second")
+def test_a_moves_stop_of_a_query_that_read_no_input_does_not_wait(spark: Any, tmp_path: Path) -> None:
+    stage, root = _slow_stage(spark, tmp_path, files=0, trigger="10 seconds")
     queries = StageQueries([stage], root, "sqlite://", "job", 1)
     queries.start()
     wait_for(lambda: queries.queries["slow"].lastProgress is not None, 120, "a first trigger")
     began = time.monotonic()
     assert queries.stop_at_boundary(60, after_commit=True)
-    assert 2.0 <= time.monotonic() - began < 30  # no commit comes: two intervals, not the 60 s deadline's half
+    assert time.monotonic() - began < 5  # not the two intervals (20 s) a batch would have been waited for
     assert last_offsets(root / "slow") is None
 
 

@@ -267,7 +267,8 @@ class Driver:
             if job is not None and job.current_run_id == self.run_id and job.desired == wanted:
                 job.desired = Desired.RUN
             audit.record(s, "job.stop_failed", "job", self.job, outcome="failed", run=self.run_id,
-                         reason=f"a trigger was still active after {self.stop_deadline:.0f} s; the job keeps running")
+                         reason=f"a batch was still running {self.stop_deadline:.0f} s after the stop began to wait "
+                         "for it; the job keeps running")
 
     def await_handoff(self, spark: Any, stages: list[Stage]) -> tuple[Path, dict[str, Any] | None] | None:
         """A warm standby: with the job built, warm the executors and the streaming engine, say so, then wait for

@@ -67,9 +67,14 @@ def lag(leader_root: Path, root: Path, stages: list[str]) -> dict[str, int]:
 def replayed_since(root: Path, stages: list[str], since: float) -> dict[str, int]:
     """Per stage, how many batches the follower has committed itself since `since` (a POSIX time): the restored
     savepoint's commits are links to older files."""
+    def written_since(commit: Path) -> bool:
+        try:
+            return commit.stat().st_mtime >= since
+        except FileNotFoundError:  # purged by Spark's log retention meanwhile: an old batch
+            return False
+
     def count(commits: Path) -> int:
-        return sum(1 for p in commits.iterdir() if p.name.isdigit() and p.stat().st_mtime >= since) \
-            if commits.is_dir() else 0
+        return sum(1 for p in commits.iterdir() if p.name.isdigit() and written_since(p)) if commits.is_dir() else 0
     return {stage: count(root / stage / "commits") for stage in stages}
 
 

@@ -5,8 +5,8 @@ batch (listing files, no offsets written yet), then stops the query, so the last
 whose batches follow each other back to back is stopped just after a commit: the next batch may have begun, which
 leaves at most an offset entry ahead of the last commit. Spark replays it with
 the same offsets, savepoints keep that entry, and the sinks recognise a replayed batch. Past the deadline (one
-batch that runs longer) the stop is given up and the queries run on. A move's stop of a one-stage job first waits
-for the next commit, so the job's downtime starts at the stop, not at a commit already past.
+batch that runs longer) the stop is given up and the queries run on. A move's stop of a one-stage job between batches
+first waits for the next batch, and stops after its commit, so the downtime starts at the stop, not a commit past.
 """
 
 from __future__ import annotations
@@ -86,13 +86,15 @@ class StageQueries:
 
     def stop_at_boundary(self, deadline_seconds: float, after_commit: bool = False) -> bool:
         """Stop every query at its next boundary, all watched at once. False, with every query running again,
-        past the deadline. after_commit (a move of a one-stage job): first wait for the query's next commit, up to two
-        trigger intervals and half the deadline, and stop right after it. A move's downtime runs from the last
-        commit: a stop between batches would start it up to an interval before the stop. The deadline runs from the
-        end of that wait. Stages of one job wait on each other's commits, so several are stopped at once."""
+        past the deadline. after_commit (a move of a one-stage job between batches): first wait for its next batch to
+        begin, up to two trigger intervals and half the deadline, so it stops right after that batch's commit. A
+        move's downtime runs from the last commit: a stop between batches would start it up to an interval before the
+        stop. The deadline runs from the end of that wait, as for a stop asked while that batch runs. Not waited
+        for: a query whose last trigger read no input (none may come), or several stages (each would wait on the
+        others)."""
         before = {name: last_commit(self.root / name) for name in self.queries}
         if after_commit and len(self.queries) == 1:
-            self._await_next_commit(next(iter(self.queries)), before, deadline_seconds / 2)
+            self._await_next_batch(next(iter(self.queries)), before, deadline_seconds / 2)
         deadline = time.monotonic() + deadline_seconds
         stopped: list[str] = []
         while self.queries:
@@ -107,13 +109,17 @@ class StageQueries:
             time.sleep(POLL_SECONDS)
         return True
 
-    def _await_next_commit(self, name: str, before: dict[str, int | None], at_most: float) -> None:
+    def _await_next_batch(self, name: str, before: dict[str, int | None], at_most: float) -> None:
+        """Until the query plans its next batch (offsets past `before`), or ends, up to two trigger intervals."""
+        query = self.queries[name]
+        if (query.lastProgress or {}).get("numInputRows", 1) == 0:
+            return  # its last trigger found no input (Spark reports such a trigger at most every 10 s)
         trigger = next(stage.trigger for stage in self.stages if stage.name == name)
         interval = interval_seconds(trigger)
         if interval is None:
-            log.warning("stage %s: its trigger %r is not a form read here; its stop does not wait for a commit",
+            log.warning("stage %s: its trigger %r is not a form read here; its stop does not wait for a batch",
                         name, trigger)
             return
-        query, until = self.queries[name], time.monotonic() + min(2 * interval, at_most)
-        while time.monotonic() < until and query.isActive and last_commit(self.root / name) == before[name]:
+        until = time.monotonic() + min(2 * interval, at_most)
+        while time.monotonic() < until and query.isActive and last_offsets(self.root / name) == before[name]:
             time.sleep(POLL_SECONDS)

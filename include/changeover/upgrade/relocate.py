@@ -118,8 +118,9 @@ def step(
             return False  # the job runs on while its successor follows it
         savepoints.request_stop(settings, job_name, reason, move=True)
         # A ready standby waits: the downtime runs from here, so the move goes on now, not at the next poll.
+        # a move's stop may first wait up to half its deadline for the next batch (`StageQueries.stop_at_boundary`)
         if readiness == "cold" or not warm.wait_parked(settings, job_name, run.id,
-                                                      float(options.get("stop_deadline_seconds", 60)) + 5):
+                                                      1.5 * float(options.get("stop_deadline_seconds", 60)) + 5):
             return False
         run = jobs.observe(settings, membership, run.id)
         decision = decide(observed(run))

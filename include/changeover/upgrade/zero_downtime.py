@@ -51,11 +51,10 @@ class CatchUp:
 
 
 def record_for_upgrade(settings: Settings, upgrade_key: str, strategy: str | None, catch_up: CatchUp) -> None:
-    """An upgrade's moves follow the strategy its run was triggered with: kept in its progress, once, for its drains
-    (the first try's choice stands for its retries)."""
-    if strategy is None:
-        return
-    strategy_of(strategy, {})
+    """An upgrade's moves follow the strategy its run was triggered with (None: each job's option) and its catch-up:
+    kept in its progress, once, for its drains and its trigger (the first try's choice stands for its retries)."""
+    if strategy is not None:
+        strategy_of(strategy, {})
     with session_scope(settings.database_url) as s:
         run = lock_row(s, UpgradeRun, lock.started(s, upgrade_key).id)
         progress = dict(run.progress or {})
@@ -118,7 +117,12 @@ def waiting_on_successor(settings: Settings, membership: Membership, run: JobRun
         return False
     if standby.following_since is None:
         return warm.warming(standby)  # ready, it is the step's to give it its checkpoint
-    now = standing(run, standby, catch_up)
+    if not run.checkpoint_root or not standby.checkpoint_root:
+        return False  # the step decides what is wrong
+    try:
+        now = standing(run, standby, catch_up)
+    except OSError:  # a checkpoint removed under the poll (an abort): the step looks again
+        return False
     return not now.caught_up and not now.timed_out
 
 
