@@ -236,15 +236,6 @@ def test_resuming_an_older_savepoint_rewinds_the_sink_and_ends_exact(live: Live)
     assert writers == {run.id}
 
 
-def test_stage_rule_matching_name_is_restored(live: Live) -> None:
-    sp = savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
-    live.launch("same-stages", savepoint="clicks/rules")
-    jobs.wait_until_committed(live.settings, live.cluster, "same-stages")
-    assert live.first_batches("same-stages", ["totals"]) == {"totals": sp.stages["totals"] + 1}
-    live.settle("same-stages")
-    live.stop("same-stages")
-
-
 def test_stage_rule_state_of_a_removed_stage_is_refused_unless_allowed(live: Live) -> None:
     savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
     run = live.launch("totals-only", savepoint="clicks/rules", stages=["totals"])
@@ -259,25 +250,19 @@ def test_stage_rule_state_of_a_removed_stage_is_refused_unless_allowed(live: Liv
     live.stop("totals-only")
 
 
-def test_stage_rule_a_new_stage_starts_empty(live: Live) -> None:
+def test_stage_rule_a_new_stage_starts_empty_and_a_rename_moves_a_stages_state(live: Live) -> None:
+    """The continue savepoint's replay (above) restores stages by matching name; here a job of one stage grows a
+    second one and renames the first, in one resume."""
     live.launch("small", stages=["totals"])
     jobs.wait_until_committed(live.settings, live.cluster, "small")
     sp = savepoints.take(live.settings, "small", "small-1", mode="continue")
     assert set(sp.stages) == {"totals"}
     live.stop("small")
-    live.launch("grown", savepoint="small/small-1")
+    live.launch("grown", savepoint="small/small-1", stage_names={"totals": "running_totals"},
+                rename_stages={"totals": "running_totals"})
     jobs.wait_until_committed(live.settings, live.cluster, "grown")
-    # no state of windows in the savepoint: a fresh start at batch 0
-    assert live.first_batches("grown", ["totals", "windows"]) == {"totals": sp.stages["totals"] + 1, "windows": 0}
+    # the renamed stage goes on from its state; windows had none in the savepoint: a fresh start at batch 0
+    assert live.first_batches("grown", ["running_totals", "windows"]) == {
+        "running_totals": sp.stages["totals"] + 1, "windows": 0}
     live.settle("grown")
     live.stop("grown")
-
-
-def test_stage_rule_rename_moves_a_stages_state(live: Live) -> None:
-    sp = savepoints.take(live.settings, "clicks", "rules", mode="continue", exist_ok=True)
-    live.launch("renamed", savepoint="clicks/rules", stage_names={"totals": "running_totals"},
-                rename_stages={"totals": "running_totals"})
-    jobs.wait_until_committed(live.settings, live.cluster, "renamed")
-    assert live.first_batches("renamed", ["running_totals"]) == {"running_totals": sp.stages["totals"] + 1}
-    live.settle("renamed")
-    live.stop("renamed")

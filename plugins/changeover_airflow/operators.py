@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -309,8 +309,8 @@ class SavepointOperator(ChangeoverOperator):
         settings, cluster = self._setup(context)
         if self.mode == "stop":
             savepoints.request_stop(settings, self.job, reason=f"savepoint {self.savepoint_name}")
-            run = jobs.refresh(settings, cluster, self.job)
-            if run is not None and run.state in jobs.LIVE:
+            if not _within(lambda: (run := jobs.refresh(settings, cluster, self.job)) is None
+                           or run.state not in jobs.LIVE, IN_TASK_WAIT_SECONDS):
                 self._defer("stop", self.job, settings, timeout=600, deadline=deadline)
         sp = savepoints.take(settings, self.job, self.savepoint_name, mode=self.mode, exist_ok=True)
         summary = _publish(context, self.outlets, sp)
@@ -407,6 +407,21 @@ def _connect_identity(conn_id: str | None) -> tuple[str | None, str]:
         if "/;" in url else {}
     user_id = pairs.pop(SparkConnectHook.PARAM_USER_ID, None)
     return user_id, "".join(f";{key}={value}" for key, value in pairs.items())
+
+
+# A wait expected to be shorter than this is done in the task: a deferral costs the trigger's settle
+# (`triggers.SETTLE_SECONDS`) and two trips through the scheduler, more than a batch boundary usually takes.
+IN_TASK_WAIT_SECONDS = 15.0
+
+
+def _within(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether `condition` holds within `seconds`, polled twice a second in the task."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def _bool(value: Any) -> bool:
