@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
@@ -96,7 +97,6 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
     XComs); the registry, the operator, its trigger's observation and Airflow's TaskDeferred are real."""
     import contextvars
     from types import SimpleNamespace
-    from typing import Any
 
     from airflow.sdk.exceptions import AirflowFailException
     from changeover import audit
@@ -188,3 +188,57 @@ def test_the_trigger_fires_no_sooner_than_its_settle_time_though_ready_at_once(s
 
     waited, event = asyncio.run(first_event())
     assert waited >= 1.5 and event.payload["observed"] == {"drained": True}  # type: ignore[attr-defined]
+
+
+class _OutletEvents(dict):
+    """What Airflow hands a task as context["outlet_events"]: an accessor per outlet, made on first use."""
+
+    def __missing__(self, key: object) -> Any:
+        self[key] = accessor = type("Accessor", (), {"extra": None, "add": lambda self, *a, **k: None})()
+        return accessor
+
+
+def test_a_stop_savepoint_waits_in_the_task_then_in_the_triggerer_and_is_taken_once_stopped(
+        settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SavepointOperator in mode stop: a boundary within IN_TASK_WAIT_SECONDS is waited for in the task (the e2e
+    update's stops take about a second); a longer one defers to the `stop` trigger, and the task taken up again
+    takes the savepoint. The fleet is fake (tests/fake_fleet.py): its master reports the job's driver running."""
+    from changeover import jobs
+    from changeover.registry.db import session_scope
+    from changeover.registry.models import Job, JobRun, utcnow
+    from changeover_airflow import operators
+    from fake_fleet import FakeFleet
+
+    fleet = FakeFleet(settings)
+    fleet.up([("m1", "4.2.0")])
+    submission = fleet.master("4.2.0").create({"appArgs": []})
+    fleet.driver(submission).host, fleet.driver(submission).state = "m1", "RUNNING"
+    stage = tmp_path / "cp" / "totals"
+    for folder in ("offsets", "commits"):
+        (stage / folder).mkdir(parents=True)
+        (stage / folder / "0").write_text("v1\n{}\n")
+    with session_scope(settings.database_url) as s:
+        s.add(Job(name="clicks", module="m", fault_tolerant=True, block_shutdown=False, options={}))
+        s.flush()
+        run = JobRun(job="clicks", spark_version="4.2.0", master_url="spark://fake", state="RUNNING", progress={},
+                     member="m1", submission_id=submission, heartbeat_at=utcnow(),
+                     checkpoint_root=str(tmp_path / "cp"))
+        s.add(run)
+        s.flush()
+        s.get(Job, "clicks").make_current(run)
+        run_id = run.id
+    operator = operators.SavepointOperator(task_id="stop", job="clicks", savepoint_name="sp", mode="stop")
+    monkeypatch.setattr(operator, "_setup", lambda context: (settings, fleet))
+    monkeypatch.setattr(operators, "IN_TASK_WAIT_SECONDS", 0.2)  # the job's batch outlasts the wait in the task
+    context = {"outlet_events": _OutletEvents()}
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute(context)
+    assert deferred.value.trigger.kind == "stop" and deferred.value.method_name == "execute_complete"
+    with session_scope(settings.database_url) as s:
+        assert s.get(Job, "clicks").desired == "STOP"
+        s.get(JobRun, run_id).state = "STOPPED"  # as its driver reports at the boundary
+    fleet.driver(submission).state = "FINISHED"
+    taken = operator.execute_complete(context, deferred.value.kwargs["deadline"])
+    assert (taken["savepoint"], taken["mode"], taken["stages"]) == ("sp", "stop", {"totals": 0})
+    assert context["outlet_events"][operators.SAVEPOINTS_ASSET].extra == taken
+    assert jobs.refresh(settings, fleet, "clicks").state == "STOPPED"

@@ -2,7 +2,7 @@
 layout, the findings per stage before anything stops, the planned batch set aside and put back after the
 repartition's own, and the refusals of a resume (SQLite and PostgreSQL for the registry's part).
 
-Spark's repartition itself runs in tests/e2e (update_job shrinks a real job's state, and a failed try grows it)
+Spark's repartition itself runs in tests/e2e (update_job grows a real job's state, and a failed try shrinks it)
 and in the version table's measurement."""
 
 from __future__ import annotations

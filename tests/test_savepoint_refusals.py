@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 from changeover import audit, savepoints
 from changeover.errors import ChangeoverError
+from changeover.handoff import lease
 from changeover.jobs import code_update
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Savepoint, UpgradeRun, utcnow
 from changeover.settings import Settings
+from changeover.timeutil import as_utc
 from sqlalchemy import select
 
 
@@ -216,6 +218,38 @@ def test_a_long_build_renews_its_lease(settings: Settings, tmp_path: Path, monke
 
     monkeypatch.setattr(savepoints, "_build", slow_build)
     assert savepoints.take(settings, "clicks", "sp2", mode="continue").status == "COMPLETED"
+
+
+def test_a_stop_savepoint_of_a_parked_run_holds_its_lease_while_it_builds(settings: Settings, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`take` in mode stop hands the parked run to the build's lease (test_leases_and_fencing has the lease's own
+    decisions): a copy slower than the job's lease keeps the run parked for its move, instead of letting it resume
+    and park again under a new savepoint (the real copy, slowed by a fault point, is a `make soak` case)."""
+    _fake_committed_checkpoint(tmp_path / "cp")
+    _job_with_checkpoint(settings, tmp_path / "cp", state="PARKED")
+    monkeypatch.setenv("CHANGEOVER_LEASE_SECONDS", "3")  # renewed every second while the copy runs
+    with session_scope(settings.database_url) as s:
+        job = s.get(Job, "clicks")
+        job.desired = "MOVE"
+        run = s.get(JobRun, job.current_run_id)
+        run.lease_until = first_until = utcnow() + timedelta(seconds=1)
+        run_id = run.id
+
+    def extensions() -> int:
+        return len([e for e in audit.find(settings.database_url, job="clicks") if e.action == "job.lease.extend"])
+
+    real_build = savepoints._build
+
+    def slow_build(*args: object) -> Savepoint:
+        from changeover.cluster import wait_for
+        wait_for(lambda: extensions() >= 3 and utcnow() > first_until, 30, "the copy outlasting the run's lease")
+        assert lease.decide(settings.database_url, "clicks", run_id) == "wait"
+        return real_build(*args)
+
+    monkeypatch.setattr(savepoints, "_build", slow_build)
+    assert savepoints.take(settings, "clicks", "stop-1", mode="stop").status == "COMPLETED"
+    with session_scope(settings.database_url) as s:
+        assert as_utc(s.get(JobRun, run_id).lease_until) > first_until
 
 
 def test_a_builder_whose_savepoint_was_taken_over_publishes_nothing(settings: Settings, tmp_path: Path,

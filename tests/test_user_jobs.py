@@ -193,8 +193,6 @@ def test_a_standby_killed_before_the_hand_over_leaves_the_job_running_and_the_mo
     jobs.cancel(live.settings, live.cluster, "fallback", reason="test finished with it")
 
 
-@pytest.mark.soak  # 26 s; CI keeps the decision (test_leases_and_fencing: a successor that failed
-# before writing hands the job back at once) and a follower killed in its cut-over handing the job back, below
 def test_a_standby_failing_after_the_hand_over_hands_the_job_back_to_its_parked_run_exact(live: Cluster,
                                                                                         tmp_path: Path) -> None:
     """A warm move's fallback after the handoff: the standby on 4.3.0 gets ready (its warm-up is not the job's

@@ -290,7 +290,8 @@ def _publish(context: Any, outlets: list[Any], sp: Savepoint) -> dict[str, Any]:
 
 
 class SavepointOperator(ChangeoverOperator):
-    """Takes a savepoint (mode `continue` or `stop`) and publishes it as an Asset event.
+    """Takes a savepoint (mode `continue` or `stop`) and publishes it as an Asset event. In mode `stop` it waits up
+    to IN_TASK_WAIT_SECONDS in the task for the job's batch boundary (usually one batch), then in the triggerer.
 
     A retry with the same rendered name returns the savepoint taken before instead of a second one.
     """

@@ -347,7 +347,10 @@ def _task_log_tail(stack: Stack, run_id: str, dag_id: str = "rolling_upgrade") -
 def test_a_killed_scheduler_leaves_no_job_stopped_and_a_restart_finishes_the_run(
     stack: Stack, members: list[str]
 ) -> None:
-    lease = 30  # the outage outlasts it: the parked run's wait for it is this test's, so not the usual minute
+    # the outage outlasts the lease, so the test waits it out: 45 s, not the usual minute. The cold move after the
+    # restart must have its successor's session up within it (the grace counts from a heartbeat): 15-20 s here,
+    # about twice that on a slow day
+    lease = 45
     generator = _start_clicks(stack, "clicks_outage", lease)
     airflow = stack.airflow
     try:
@@ -520,10 +523,6 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
                              "trigger": "5 seconds"})
         first = jobs.wait_until_committed(stack.settings, stack.cluster, name)
 
-        # The static check refuses this update (the dry run's confirmation is the rolling upgrade's, below). It runs
-        # beside the upgrade asked for next, as two teams' runs would: neither touches the job.
-        refused = airflow.trigger("update_job", {"job": name, "code": _edit(edits, "clicks_summed"),
-                                                 "dry_run": False})
         # An upgrade that asks for approval shows its plan and waits; rejected, it ends with nothing drained.
         asked = airflow.trigger("rolling_upgrade", {**CONF, "members": ["u1"], "replay_check": False,
                                                     "require_approval": True})
@@ -534,6 +533,10 @@ def test_incompatible_changes_stop_at_their_check_and_update_job_updates_or_roll
         # static check stops this one (CO-AGG-01).
         upgrade = airflow.trigger("rolling_upgrade", {**CONF, "target_version": "4.2.1", "members": ["u1"],
                                                       "replay_check": False})
+        # Beside them, as two teams' runs would be (neither touches the job): the static check refuses this update;
+        # the dry run's confirmation is the rolling upgrade's.
+        refused = airflow.trigger("update_job", {"job": name, "code": _edit(edits, "clicks_summed"),
+                                                 "dry_run": False})
         assert airflow.follow("rolling_upgrade", asked, timeout=600) == "success"
         assert _states(stack, "rolling_upgrade", asked) == {
             "preflight": "success", "compatibility": "success", "approval": "success", "roll": "skipped",
@@ -665,14 +668,14 @@ def _rescales(stack: Stack, job: str) -> list[tuple[int, int]]:
 
 @pytest.mark.only_on("sqlite", "the DAG's steps run once, on the embedded default; the registry's own PostgreSQL "
                      "cases cover the run's column")
-def test_update_job_shrinks_a_jobs_state_partitions_exact_and_a_failed_growth_rolls_back(
+def test_update_job_grows_a_jobs_state_partitions_exact_and_a_failed_shrink_rolls_back(
         stack: Stack, tmp_path: Path) -> None:
     """A team's job (a deduplication and a windowed count in one stage, on RocksDB with 4 state partitions) gets
-    update_job with state_partitions 2 (its dry run replays a batch on a repartitioned copy). A try at 8 then fails
+    update_job with state_partitions 8 (its dry run replays a batch on a repartitioned copy). A try at 2 then fails
     right after Spark's repartition, before the planned batch is put back: the gate fails and the rollback resumes
-    the savepoint, which is as it was, with 2. Every batch after a resume uses the new count, and the parquet output
-    is exactly the ground truth, each duplicate counted once. Spark repartitions both ways: down in the update,
-    up in the failed try."""
+    the savepoint, which is as it was, with 8. Every batch after a resume uses the new count, and the parquet output
+    is exactly the ground truth, each duplicate counted once. Spark repartitions both ways: up in the update, down
+    in the failed try."""
     name, airflow = "rescaled", stack.airflow
     words, output = Words(tmp_path / "words"), tmp_path / "out" / "counts"
     for _ in range(6):
@@ -686,31 +689,31 @@ def test_update_job_shrinks_a_jobs_state_partitions_exact_and_a_failed_growth_ro
         first = jobs.wait_until_committed(stack.settings, stack.cluster, name)
         assert set(_batch_counts(stack.settings, name, -1).values()) == {4}
         with words.writing(repeats=True):
-            shrunk = airflow.trigger("update_job", {"job": name, "code": str(RESCALED_JOB), "state_partitions": 2,
-                                                    "stable_batches": 3})
-            assert airflow.follow("update_job", shrunk, timeout=900) == "success", \
-                _task_log_tail(stack, shrunk, "update_job")
-            said = "\n".join(_task_log_events(stack, shrunk, "update_job"))
-            assert "CO-SCALE-04 job rescaled, stage deduplicated_counts" in said and "4 -> 2 partitions" in said
+            grown = airflow.trigger("update_job", {"job": name, "code": str(RESCALED_JOB), "state_partitions": 8,
+                                                   "stable_batches": 3})
+            assert airflow.follow("update_job", grown, timeout=900) == "success", \
+                _task_log_tail(stack, grown, "update_job")
+            said = "\n".join(_task_log_events(stack, grown, "update_job"))
+            assert "CO-SCALE-04 job rescaled, stage deduplicated_counts" in said and "4 -> 8 partitions" in said
             assert re.search(r"dry run: stage deduplicated_counts replayed batch \d+", said), said[-3000:]
-            saved = _update_savepoint(stack, name, shrunk)
-            assert _savepoint_events(stack, shrunk) == [("stop", saved["name"])]
+            saved = _update_savepoint(stack, name, grown)
+            assert _savepoint_events(stack, grown) == [("stop", saved["name"])]
             savepoint_stage = Path(stack.settings.savepoint_dir) / name / saved["name"] / "stages" / STAGE
             assert state_partitions.partitions(savepoint_stage) == 4, "the savepoint keeps its own count"
             savepoints.verify(savepoint_stage.parent.parent)
             at = saved["stages"][STAGE]
             counts = _batch_counts(stack.settings, name, at)
-            assert len(counts) >= 3 and set(counts.values()) == {2}, counts
+            assert len(counts) >= 3 and set(counts.values()) == {8}, counts
             run = jobs.refresh(stack.settings, stack.cluster, name)
             assert run is not None and run.checkpoint_root
             # the repartition's own batch reads no input; the next batch reads the input after the savepoint's
             assert state_partitions.is_repartition(Path(run.checkpoint_root) / STAGE, at + 1)
             assert not state_partitions.is_repartition(Path(run.checkpoint_root) / STAGE, at + 2)
-            assert _rescales(stack, name) == [(4, 2)]
-            assert run.id != first.id and run.state_partitions == 2
+            assert _rescales(stack, name) == [(4, 8)]
+            assert run.id != first.id and run.state_partitions == 8
 
             faults.arm(stack.settings, "rescale.repartitioned")  # the driver fails after Spark's repartition
-            failed = airflow.trigger("update_job", {"job": name, "code": str(RESCALED_JOB), "state_partitions": 8,
+            failed = airflow.trigger("update_job", {"job": name, "code": str(RESCALED_JOB), "state_partitions": 2,
                                                     "dry_run": False, "stable_batches": 3,
                                                     "gate_timeout_seconds": 120})
             assert airflow.follow("update_job", failed, timeout=900) == "failed"
@@ -720,10 +723,10 @@ def test_update_job_shrinks_a_jobs_state_partitions_exact_and_a_failed_growth_ro
             kept = _update_savepoint(stack, name, failed)
             kept_stage = Path(stack.settings.savepoint_dir) / name / kept["name"] / "stages" / STAGE
             savepoints.verify(kept_stage.parent.parent)  # every file as its manifest says: nothing was changed
-            assert state_partitions.partitions(kept_stage) == 2
+            assert state_partitions.partitions(kept_stage) == 8
             jobs.wait_until_committed(stack.settings, stack.cluster, name)
-            assert set(_batch_counts(stack.settings, name, kept["stages"][STAGE]).values()) == {2}
-            assert _rescales(stack, name) == [(4, 2)]  # the failed try failed before its record
+            assert set(_batch_counts(stack.settings, name, kept["stages"][STAGE]).values()) == {8}
+            assert _rescales(stack, name) == [(4, 8)]  # the failed try failed before its record
         words.flush()
         truth = words.truth()
         wait_for(lambda: parquet_counts(output) == truth, 300, "every closed window in the parquet output")

@@ -403,8 +403,8 @@ def test_a_worker_lost_mid_drain_leaves_no_job_behind(settings: Settings, cluste
         assert s.get(Member, first.member).status == "ACTIVE"
 
 
-@pytest.mark.soak  # 60 s; CI keeps the decision (test_leases_and_fencing: a savepoint being built holds
-# the parked run's lease, and only while it builds) on both registries
+@pytest.mark.soak  # 60 s; CI keeps it without Spark on both registries: take(mode="stop") holds the parked
+# run's lease through a slow copy (test_savepoint_refusals), and only while it builds (test_leases_and_fencing)
 def test_a_savepoint_built_slower_than_the_lease_moves_the_job_once(settings: Settings, cluster: LocalCluster,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The savepoint's copy is held up past the parked run's 20 s lease (an injected delay of 35 s, as a large state or

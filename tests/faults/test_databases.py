@@ -132,10 +132,8 @@ def test_a_successor_killed_between_its_commit_in_the_users_database_and_the_reg
     generator.write_file()
     generator.start(interval=0.5)
     try:
-        # the parked run waits its lease out before it reads the sink's ledger: 30 s, not the usual minute (a live
-        # successor still starting gets two more lease lengths)
         jobs.submit(settings, cluster, "jobs.clicks", "killed_after_commit",
-                    options={"landing": str(generator.landing), "lease_seconds": 30, "sink_url": users_server.url})
+                    options={"landing": str(generator.landing), "lease_seconds": 60, "sink_url": users_server.url})
         faults.arm(settings, "keyed_table.committed.4.3.0", kill=True)
         _begin_roll_to_430(settings, cluster, "killed_after_commit", "elsewhere/1")
         _roll_until_done(settings, cluster, "elsewhere/1")
@@ -294,8 +292,6 @@ def test_the_registry_restarted_mid_move_loses_nothing_and_the_roll_goes_on(
     jobs.cancel(settings, cluster, "restarted", reason="test done")
 
 
-@pytest.mark.soak  # 19 s; CI keeps the decision (test_leases_and_fencing: a parked run gives up on a
-# registry that answers no or never answers) on both registries
 def test_a_parked_run_that_the_registry_refuses_gives_up_says_why_and_the_move_goes_on(
     server: Server, live: tuple[Settings, LocalCluster]
 ) -> None:

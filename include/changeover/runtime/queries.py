@@ -90,8 +90,8 @@ class StageQueries:
         begin, up to two trigger intervals and half the deadline, so it stops right after that batch's commit. A
         move's downtime runs from the last commit: a stop between batches would start it up to an interval before the
         stop. The deadline runs from the end of that wait, as for a stop asked while that batch runs. Not waited
-        for: a query whose last trigger read no input (none may come), or several stages (each would wait on the
-        others)."""
+        for: a query whose last three triggers read no input (none may come), or several stages (each would wait on
+        the others)."""
         before = {name: last_commit(self.root / name) for name in self.queries}
         if after_commit and len(self.queries) == 1:
             self._await_next_batch(next(iter(self.queries)), before, deadline_seconds / 2)
@@ -112,8 +112,11 @@ class StageQueries:
     def _await_next_batch(self, name: str, before: dict[str, int | None], at_most: float) -> None:
         """Until the query plans its next batch (offsets past `before`), or ends, up to two trigger intervals."""
         query = self.queries[name]
-        if (query.lastProgress or {}).get("numInputRows", 1) == 0:
-            return  # its last trigger found no input (Spark reports such a trigger at most every 10 s)
+        recent = query.recentProgress[-3:]
+        if recent and all(progress.get("numInputRows", 1) == 0 for progress in recent):
+            # its last triggers found no input (Spark reports such a trigger at most every 10 s; a watermark's
+            # no-data batch, right after a batch that read input, is one of them)
+            return
         trigger = next(stage.trigger for stage in self.stages if stage.name == name)
         interval = interval_seconds(trigger)
         if interval is None:
