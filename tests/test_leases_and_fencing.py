@@ -502,6 +502,137 @@ def test_a_users_stop_between_the_park_and_the_hand_over_stands(settings: Settin
     assert lease.standby_turn(settings.database_url, "clicks", standby) == "dismissed"
 
 
+def _follower(settings: Settings, of: int, root: Path, caught_up_to: int = 4) -> int:
+    standby = _standby(settings, of)
+    assert lease.mark_ready(settings.database_url, standby, None)
+    with session_scope(settings.database_url) as s:
+        run = s.get(JobRun, standby)
+        run.following_since, run.checkpoint_root = utcnow(), str(root)
+    lease.report_following(settings.database_url, standby, {"totals": caught_up_to})
+    return standby
+
+
+def _writing(settings: Settings, run_id: int,
+             give_up: threading.Event | None = None) -> tuple[threading.Thread, dict[str, BaseException]]:
+    raised: dict[str, BaseException] = {}
+
+    def write() -> None:
+        try:
+            with hold(settings.database_url, "clicks", run_id, "totals", 5, give_up):
+                pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            raised["error"] = exc
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread, raised
+
+
+def test_a_primed_followers_write_waits_for_its_hand_over_and_lands_once_handed(settings: Settings,
+                                                                                 tmp_path: Path) -> None:
+    """The zero-downtime cut-over: a follower's turn is the cut-over once its predecessor, asked to move, has said
+    which batch it stops after; it starts its queries once the predecessor has parked, and their first write waits
+    for the hand-over instead of being refused, and lands once handed. Before the park it is refused at once, as is
+    any standby's that is not following."""
+    old = _job_with_running_run(settings)
+    follower = _follower(settings, old, tmp_path / "own")
+    warm_only = _standby(settings, old)
+    assert lease.standby_turn(settings.database_url, "clicks", follower) == "follow"
+    lease.announce_last_batch(settings.database_url, old, {"totals": 4})  # not asked to move: not recorded
+    assert lease.stopping_after(settings.database_url, follower) is None
+    with session_scope(settings.database_url) as s:
+        s.get(Job, "clicks").desired = "MOVE"
+    assert lease.standby_turn(settings.database_url, "clicks", follower) == "follow"  # not yet said where it stops
+    lease.announce_last_batch(settings.database_url, old, {"totals": 4})
+    assert lease.stopping_after(settings.database_url, follower) == {"totals": 4}
+    assert lease.standby_turn(settings.database_url, "clicks", follower) == "cut_over"
+    began = time.monotonic()
+    with pytest.raises(Fenced, match=f"run {old} is the job's current run now"):
+        write_batch(settings, follower)  # its predecessor still runs: a write now would be a second writer
+    assert time.monotonic() - began < 5  # refused at once, not after waiting for a hand-over
+    lease.park(settings.database_url, "clicks", old, {"totals": 4}, seconds=3600)
+    assert lease.standby_turn(settings.database_url, "clicks", follower) == "cut_over"
+    assert lease.standby_turn(settings.database_url, "clicks", warm_only) == "wait"
+    with pytest.raises(Fenced):
+        write_batch(settings, warm_only)
+    thread, raised = _writing(settings, follower)
+    thread.join(timeout=1.0)
+    assert thread.is_alive() and not raised, raised  # waiting, not refused
+    assert lease.decide(settings.database_url, "clicks", old) == "wait"  # nothing written: the parked run waits
+    assert warm.hand_over(settings, "clicks", follower, old, 1, tmp_path / "own", "sp")
+    thread.join(timeout=30)
+    assert not thread.is_alive() and not raised, raised
+    with session_scope(settings.database_url) as s:
+        assert s.get(JobRun, follower).first_write_at is not None
+    assert lease.decide(settings.database_url, "clicks", old) == "exit"  # the follower wrote: handed off
+
+
+def test_a_follower_caught_up_to_an_earlier_park_is_refused_its_first_write(settings: Settings,
+                                                                             tmp_path: Path) -> None:
+    """A follower caught up to batch 3, handed a job whose run has parked at 4 since (it resumed and parked again
+    while the follower was not looking): its first write would come from a state and offsets the job left behind,
+    so it is refused, and the parked run takes the job back. Caught up to the parked batch, it writes."""
+    old = _job_with_parked_run(settings, lease_left=3600)
+    stale = _follower(settings, old, tmp_path / "stale", caught_up_to=3)
+    assert warm.hand_over(settings, "clicks", stale, old, 1, tmp_path / "stale", "sp")
+    with pytest.raises(Fenced, match=r"caught up to \{'totals': 3\}.* parked at \{'totals': 4\}"):
+        write_batch(settings, stale)
+    with session_scope(settings.database_url) as s:
+        s.get(JobRun, stale).state, s.get(JobRun, stale).ended_at = "FAILED", utcnow()  # what its driver records
+    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    with session_scope(settings.database_url) as s:
+        s.get(Job, "clicks").desired = "MOVE"
+    lease.park(settings.database_url, "clicks", old, {"totals": 4}, seconds=3600)
+    level = _follower(settings, old, tmp_path / "level")
+    assert warm.hand_over(settings, "clicks", level, old, 2, tmp_path / "level", "sp")
+    write_batch(settings, level)
+
+
+def test_a_followers_cut_over_ends_when_its_predecessors_stop_fails(settings: Settings, tmp_path: Path) -> None:
+    """The predecessor said which batch it stops after, then that batch outran the stop's deadline: the stop is
+    withdrawn and the run goes on, so the follower follows on, and the batch it named is forgotten (a later stop
+    names its own)."""
+    from changeover.runtime.driver import Driver
+
+    old = _job_with_running_run(settings, desired="MOVE")
+    follower = _follower(settings, old, tmp_path / "own")
+    lease.announce_last_batch(settings.database_url, old, {"totals": 4})
+    assert lease.standby_turn(settings.database_url, "clicks", follower) == "cut_over"
+    Driver(settings, "clicks", old).stop_failed("MOVE")
+    assert lease.stopping_after(settings.database_url, follower) is None
+    with session_scope(settings.database_url) as s:
+        assert s.get(Job, "clicks").desired == "RUN"
+        s.get(Job, "clicks").desired = "MOVE"  # asked again: the follower waits for the new stop to say its batch
+    assert lease.standby_turn(settings.database_url, "clicks", follower) == "follow"
+
+
+def test_a_primed_followers_write_is_refused_once_its_parked_predecessor_takes_the_job_back(
+        settings: Settings, tmp_path: Path) -> None:
+    """The hand-over does not come: the parked run's lease runs out while the follower's first write waits for it.
+    The parked run resumes, and the waiting write is refused (nothing of it lands), so the job has one writer; the
+    follower's turn is following again. A write whose driver gives up waiting (it ends its queries) is refused too."""
+    old = _job_with_parked_run(settings, lease_left=0)
+    lease.announce_last_batch(settings.database_url, old, {"totals": 4})
+    follower = _follower(settings, old, tmp_path / "own")
+    thread, raised = _writing(settings, follower)
+    given_up = threading.Event()
+    abandoned, abandoned_raised = _writing(settings, follower, given_up)
+    thread.join(timeout=1.0)
+    assert thread.is_alive() and abandoned.is_alive() and not raised and not abandoned_raised
+    given_up.set()
+    abandoned.join(timeout=30)
+    assert not abandoned.is_alive() and isinstance(abandoned_raised.get("error"), Fenced), abandoned_raised
+    assert thread.is_alive() and not raised, raised  # the other still waits: the lease decides, not the clock
+    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    thread.join(timeout=30)
+    assert not thread.is_alive() and isinstance(raised.get("error"), Fenced), raised
+    assert lease.standby_turn(settings.database_url, "clicks", follower) == "follow"
+    assert lease.stopping_after(settings.database_url, follower) is None  # resumed: its named batch forgotten
+    with session_scope(settings.database_url) as s:
+        assert s.get(JobRun, follower).first_write_at is None and s.get(Job, "clicks").current_run_id == old
+    refused = [e.details for e in audit.find(settings.database_url, job="clicks") if e.action == "sink.fenced"]
+    assert [d["run"] for d in refused] == [follower, follower], refused
+
+
 class _MasterAt:
     """Only what a launch asks before it touches the registry: the master's version (no Spark here)."""
 

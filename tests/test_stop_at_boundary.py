@@ -132,7 +132,9 @@ def test_a_moves_stop_between_batches_waits_for_the_next_batch_and_stops_right_a
     wait_for(lambda: last_commit(root / "slow") == 0 and not query.status["isTriggerActive"], 120,
              "batch 0 committed and the query idle until its next trigger")
     stopped: list[bool] = []
-    stopper = threading.Thread(target=lambda: stopped.append(queries.stop_at_boundary(60, after_commit=True)))
+    named: list[dict[str, int]] = []  # the batch it stops after, said once that batch has begun, before its commit
+    stopper = threading.Thread(target=lambda: stopped.append(queries.stop_at_boundary(
+        60, after_commit=True, on_last=lambda last: named.append({**last, "committed": last_commit(root / "slow")}))))
     stopper.start()
     arriving = tmp_path / "1.txt"  # written whole, then moved in: the source never lists half a file
     arriving.write_text("4\n5\n")
@@ -141,6 +143,7 @@ def test_a_moves_stop_between_batches_waits_for_the_next_batch_and_stops_right_a
     assert stopped == [True] and not query.isActive
     assert last_commit(root / "slow") == 1  # the batch of the file that came during the wait, whole
     assert last_offsets(root / "slow") == 1  # and the stop came right after its commit: nothing planned past it
+    assert named == [{"slow": 1, "committed": 0}]
 
 
 def test_a_moves_stop_of_a_query_that_read_no_input_does_not_wait(spark: Any, tmp_path: Path) -> None:
@@ -149,7 +152,9 @@ def test_a_moves_stop_of_a_query_that_read_no_input_does_not_wait(spark: Any, tm
     queries.start()
     wait_for(lambda: queries.queries["slow"].lastProgress is not None, 120, "a first trigger")
     began = time.monotonic()
-    assert queries.stop_at_boundary(60, after_commit=True)
+    named: list[dict[str, int]] = []
+    assert queries.stop_at_boundary(60, after_commit=True, on_last=named.append)
+    assert not named  # no batch begun: its follower starts once it has parked
     assert time.monotonic() - began < 5  # not the two intervals (20 s) a batch would have been waited for
     assert last_offsets(root / "slow") is None
 

@@ -19,7 +19,8 @@ from typing import Any, Literal
 from sqlalchemy import select, update
 
 from changeover import audit
-from changeover.registry.db import lock_row, session_scope
+from changeover.handoff.fence import predecessor_stopping
+from changeover.registry.db import bound_lock_waits, lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.registry.records import own_job
 from changeover.registry.states import Desired, RunState
@@ -29,7 +30,7 @@ from changeover.timeutil import as_utc
 DEFAULT_LEASE_SECONDS = 120.0
 STANDBY_READY_SECONDS = 240.0  # from a standby's launch to its readiness on a loaded cluster; then the move goes cold
 Decision = Literal["wait", "exit", "resume"]
-StandbyTurn = Literal["wait", "follow", "start", "dismissed"]
+StandbyTurn = Literal["wait", "follow", "cut_over", "start", "dismissed"]
 
 
 DEFAULT_LOST_AFTER_SECONDS = 180.0
@@ -229,7 +230,7 @@ def _taken_over_since(s: Any, job: str, run_id: int) -> bool:
 
 
 def _resume(s: object, job: str, run: JobRun, why: str, **details: object) -> None:
-    run.state, run.lease_until, run.heartbeat_at = RunState.RUNNING, None, utcnow()
+    run.state, run.lease_until, run.heartbeat_at, run.stopping_after = RunState.RUNNING, None, utcnow(), None
     audit.record(s, "job.unpark", "job", job, run=run.id, reason=why, **details)  # type: ignore[arg-type]
 
 
@@ -250,8 +251,9 @@ def mark_ready(url: str, run_id: int, plans: dict[str, Any] | None) -> bool:
 
 def standby_turn(url: str, job: str, run_id: int) -> StandbyTurn:
     """What a waiting standby does now: start (it was handed the job, its checkpoint root is in its row), follow
-    its predecessor read-only (given a checkpoint of its own, `upgrade.zero_downtime`), keep waiting, or exit
-    (dismissed, or the run it was to succeed is no longer the job's, e.g. stopped by a user)."""
+    its predecessor read-only (given a checkpoint of its own, `upgrade.zero_downtime`), cut over (a follower whose
+    predecessor is stopping for the move: it starts its queries, their writes waiting for the hand-over), keep waiting,
+    or exit (dismissed, or the run it was to succeed is no longer the job's, e.g. stopped by a user)."""
     with session_scope(url) as s:
         row = s.get(Job, job)
         run = s.get(JobRun, run_id)
@@ -263,7 +265,9 @@ def standby_turn(url: str, job: str, run_id: int) -> StandbyTurn:
         predecessor = s.get(JobRun, run.standby_of) if run.standby_of else None
         if predecessor is None or row.current_run_id != predecessor.id or predecessor.ended_at is not None:
             return "dismissed"
-        return "follow" if run.following_since is not None and run.checkpoint_root else "wait"
+        if run.following_since is None or not run.checkpoint_root:
+            return "wait"
+        return "cut_over" if predecessor_stopping(s, row, run) else "follow"
 
 
 def followed(url: str, run_id: int) -> tuple[Path, Path] | None:
@@ -284,6 +288,26 @@ def predecessor_stopped(url: str, run_id: int) -> bool:
         run = s.get(JobRun, run_id)
         predecessor = s.get(JobRun, run.standby_of) if run is not None and run.standby_of is not None else None
         return predecessor is None or predecessor.parked or predecessor.ended_at is not None
+
+
+def announce_last_batch(url: str, run_id: int, batches: dict[str, int]) -> None:
+    """A run stopping for a move has begun the batch it stops after: its follower starts its queries as that batch
+    commits, instead of once the run has parked and handed it the job."""
+    with session_scope(url) as s:
+        bound_lock_waits(s)
+        run = s.get(JobRun, run_id)
+        job = lock_row(s, Job, run.job) if run is not None else None
+        if run is not None and job is not None and run.ended_at is None and job.current_run_id == run_id \
+                and job.desired == Desired.MOVE:  # not a stop withdrawn meanwhile (`Driver.stop_failed`)
+            run.stopping_after = dict(batches)
+
+
+def stopping_after(url: str, run_id: int) -> dict[str, int] | None:
+    """The batch the run a follower follows stops after, per stage, once it has said so (`announce_last_batch`)."""
+    with session_scope(url) as s:
+        run = s.get(JobRun, run_id)
+        predecessor = s.get(JobRun, run.standby_of) if run is not None and run.standby_of is not None else None
+        return dict(predecessor.stopping_after) if predecessor is not None and predecessor.stopping_after else None
 
 
 def report_following(url: str, run_id: int, progress: dict[str, int | None]) -> None:

@@ -138,6 +138,9 @@ class JobRun(Base):
     # the count of state partitions its driver repartitions restored stages to before they start (None: as saved)
     state_partitions: Mapped[int | None]
     code: Mapped[dict[str, str] | None] = mapped_column(JSON)  # what it was launched with (`Job.code_of`)
+    # a run stopping for a move: the batch it stops after, per stage, said once that batch has begun (a follower
+    # starts its queries as that batch commits, `runtime.driver`); cleared when the stop is withdrawn or it resumes
+    stopping_after: Mapped[dict[str, int] | None] = mapped_column(JSON)
 
     @property
     def parked(self) -> bool:

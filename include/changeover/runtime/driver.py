@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -43,6 +44,8 @@ T = TypeVar("T")
 LOOP_SECONDS = 0.2
 ENTRIES = ("build", "run", "script")
 STANDBY_POLL_SECONDS = 0.05  # how often a ready standby looks for its checkpoint: the move's downtime waits on it
+PRIME_POLL_SECONDS = 0.02  # how often a priming follower looks for its predecessor's park: the downtime waits on it
+PRIME_CHECK_SECONDS = 0.5  # and how often it heartbeats and looks whether the cut-over still comes
 STANDBY_WAIT_SECONDS = 1800.0  # a standby never handed its job leaves by itself
 WARM_UP_SECONDS = 120.0
 
@@ -98,7 +101,18 @@ def version_mismatch(job: str, actual: str, expected: str) -> str:
 
 
 class Superseded(Exception):
-    """A follower handed its job no longer owns it before it wrote anything: the parked run took it back."""
+    """A follower's cut-over ended before it wrote anything: the parked run took its job back, or the move was
+    withdrawn."""
+
+
+@dataclass(frozen=True)
+class Handed:
+    """What a standby was handed: the checkpoint it runs from, its stages' plans, and its queries when a follower
+    started them before the hand-over (`Driver._prime`)."""
+
+    root: Path
+    plans: dict[str, Any] | None
+    queries: StageQueries | None = None
 
 
 class GaveUp(Exception):
@@ -122,6 +136,7 @@ class Driver:
         self._confirmed_at = time.monotonic()  # when the registry last said this run is its job's current one
         self._stood_down_at: float | None = None
         self._checkpoint_root: Path | None = None
+        self._beaten = 0.0  # when a cut-over's step last heartbeat
 
     def record_submission(self, cwd: Path) -> None:
         """The second half of a launch whose answer was lost (its task killed after the master accepted it):
@@ -266,14 +281,19 @@ class Driver:
             job = lock_row(s, Job, self.job)
             if job is not None and job.current_run_id == self.run_id and job.desired == wanted:
                 job.desired = Desired.RUN
+            run = s.get(JobRun, self.run_id)
+            if run is not None:
+                run.stopping_after = None  # its follower must not take the batch it named for its last
             audit.record(s, "job.stop_failed", "job", self.job, outcome="failed", run=self.run_id,
                          reason=f"a batch was still running {self.stop_deadline:.0f} s after the stop began to wait "
                          "for it; the job keeps running")
 
-    def await_handoff(self, spark: Any, stages: list[Stage]) -> tuple[Path, dict[str, Any] | None] | None:
+    def await_handoff(self, spark: Any, stages: list[Stage]) -> Handed | None:
         """A warm standby: with the job built, warm the executors and the streaming engine, say so, then wait for
-        the predecessor's checkpoint, following it read-only meanwhile when given a checkpoint of its own. Returns
-        (the checkpoint root, the stage plans), or None when dismissed: then it has written nothing."""
+        the predecessor's checkpoint, following it read-only meanwhile when given a checkpoint of its own. A
+        follower whose predecessor is stopping for the move starts the job's queries before it is handed the job
+        (`_prime`).
+        Returns what it was handed, or None when dismissed: then it has written nothing."""
         # the orchestrator's deadline runs from the launch, so this one does too: the session's start counts
         if not warm_up(spark, lease.STANDBY_READY_SECONDS - patiently(self.seconds_since_launch, self.registry)):
             patiently(partial(lease.end_standby, self.url, self.job, self.run_id, "not ready within "
@@ -288,14 +308,25 @@ class Driver:
         beat = time.monotonic()
         look = partial(lease.standby_turn, self.url, self.job, self.run_id)
         follower: Follower | None = None
-        while (turn := patiently(look, self.registry)) in ("wait", "follow"):
-            if turn == "follow":
-                if follower is None and (roots := patiently(partial(lease.followed, self.url, self.run_id),
-                                                            self.registry)):
-                    follower = Follower(spark, stages, *roots, self._leader_stopped)
-                if follower is not None and self._follow(follower):
-                    beat = time.monotonic()
-                    continue
+        primed: StageQueries | None = None
+        unprimable = False
+        while (turn := patiently(look, self.registry)) in ("wait", "follow", "cut_over"):
+            if turn != "wait" and follower is None and (roots := patiently(partial(lease.followed, self.url,
+                                                                                   self.run_id), self.registry)):
+                follower = Follower(spark, stages, *roots, self._leader_stopped)
+            if primed is not None and follower is not None and turn != "cut_over":
+                return self._unprime(primed, follower, plans, "its predecessor took the job back, or the move was "
+                                     "withdrawn, after it had started its queries")
+            if turn == "cut_over" and follower is not None and primed is None and not unprimable:
+                if unmatched_state(self.job, set(checkpoints.stage_names(follower.root)), {s.name for s in stages}):
+                    unprimable = True  # its stages are decided once it is handed the job (`run_streaming`)
+                elif (primed := self._prime(follower, stages)) is None:
+                    continue  # the cut-over ended before the park: it follows on
+            if primed is not None and follower is not None and (failure := primed.failure()) is not None:
+                return self._unprime(primed, follower, plans, f"its queries failed before the hand-over ({failure})")
+            if turn == "follow" and follower is not None and self._follow(follower):
+                beat = time.monotonic()
+                continue
             if time.monotonic() >= deadline:
                 patiently(partial(lease.end_standby, self.url, self.job, self.run_id, f"not handed its job within "
                                   f"{STANDBY_WAIT_SECONDS:.0f} s of being ready"), self.registry)
@@ -308,10 +339,14 @@ class Driver:
             ended = patiently(partial(lease.end_standby, self.url, self.job, self.run_id, "dismissed: the run it was "
                                       "to succeed is no longer the job's, or its move was withdrawn"), self.registry)
             if ended or patiently(look, self.registry) != "start":  # not ended: handed the job just before
+                if primed is not None and follower is not None:
+                    primed.stand_down_now()
+                    shutil.rmtree(follower.root, ignore_errors=True)  # may hold a batch it planned alone
                 return None
-        if follower is None and (roots := patiently(partial(lease.followed, self.url, self.run_id), self.registry)):
+        if primed is None and follower is None and (roots := patiently(partial(lease.followed, self.url,
+                                                                               self.run_id), self.registry)):
             follower = Follower(spark, stages, *roots, self._leader_stopped)  # handed the job before it looked
-        if follower is not None:
+        if primed is None and follower is not None:
             began = time.monotonic()
             try:
                 at = follower.finish(self._still_handed)
@@ -321,13 +356,78 @@ class Driver:
                 if patiently(partial(lease.end_standby, self.url, self.job, self.run_id, why), self.registry):
                     shutil.rmtree(follower.root, ignore_errors=True)  # its queries are stopped; nobody else's
                 return None
+            patiently(partial(lease.report_following, self.url, self.run_id, at), self.registry)  # see `fence`
             log.info("job %s run %s: handed the job, caught up to %s in %.2f s", self.job, self.run_id, at,
                      time.monotonic() - began)
             faults.reached_in_job("follower.caught_up")  # mid cut-over: current, nothing written yet
         with session_scope(self.url) as s:
             run = s.get(JobRun, self.run_id)
             assert run is not None and run.checkpoint_root
-            return Path(run.checkpoint_root), plans
+            return Handed(Path(run.checkpoint_root), plans, primed)
+
+    def _prime(self, follower: Follower, stages: list[Stage]) -> StageQueries | None:
+        """The predecessor is stopping for the move: replay up to the batch it said it stops after (it names it once
+        that batch has begun), wait for it to park, take the batch it planned next if any, and start the job's queries
+        on the follower's checkpoint with the job's own sinks, before the hand-over. Their first write waits for it
+        inside the fence (`fence.awaiting_hand_over`), so the queries' start and their first batch overlap the
+        hand-over instead of following it. None, having started nothing, when the cut-over ended first: the follower
+        follows on."""
+        began = time.monotonic()
+        through = patiently(partial(lease.stopping_after, self.url, self.run_id), self.registry)
+        try:
+            while follower.step(through):
+                self._still_cutting_over()
+            checked = time.monotonic()
+            while not self._leader_stopped():
+                if time.monotonic() - checked >= PRIME_CHECK_SECONDS:
+                    self._still_cutting_over()
+                    checked = time.monotonic()
+                time.sleep(PRIME_POLL_SECONDS)
+            self._still_cutting_over()
+            at = follower.finish(self._still_cutting_over)
+        except Superseded:
+            log.info("job %s run %s: its predecessor's stop ended before it parked for the hand-over; following on",
+                     self.job, self.run_id)
+            return None
+        except CannotFollow as exc:
+            patiently(partial(lease.end_standby, self.url, self.job, self.run_id, str(exc)), self.registry)
+            return None
+        # its first write must come from the batch the predecessor parked at (`fence`): said before any write
+        patiently(partial(lease.report_following, self.url, self.run_id, at), self.registry)
+        queries = StageQueries(stages, follower.root, self.url, self.job, self.run_id)
+        self._queries = queries  # stood down, should the driver fail before its hand-over (`main`)
+        queries.start()
+        log.info("job %s run %s: caught up at %s (its predecessor said it stops after %s) in %.2f s; its queries "
+                 "started, their writes waiting for the hand-over", self.job, self.run_id, at, through,
+                 time.monotonic() - began)
+        return queries
+
+    def _still_cutting_over(self) -> None:
+        """Between the cut-over's steps: heartbeat, and stop when the hand-over is no longer coming (`Superseded`)."""
+        if time.monotonic() - self._beaten >= lease.HEARTBEAT_SECONDS:
+            patiently(self.heartbeat, self.registry)
+            self._beaten = time.monotonic()
+        if patiently(partial(lease.standby_turn, self.url, self.job, self.run_id), self.registry) not in (
+                "cut_over", "start"):
+            raise Superseded(self.job)
+
+    def _unprime(self, queries: StageQueries, follower: Follower, plans: dict[str, Any] | None,
+                 why: str) -> Handed | None:
+        """A follower whose queries started before its hand-over, and whose cut-over ended without one: it ends,
+        having written nothing (its checkpoint may hold a batch its queries planned alone, so it cannot follow on; a
+        later step starts another). Ended first, so that a write waiting for the hand-over is refused; then its
+        queries stop. Handed the job just before, it goes on with its queries started again."""
+        why = f"{why}: it ends, having written nothing"
+        ended = patiently(partial(lease.end_standby, self.url, self.job, self.run_id, why), self.registry)
+        queries.stand_down_now()
+        if not ended and patiently(partial(lease.standby_turn, self.url, self.job, self.run_id),
+                                   self.registry) == "start":
+            log.info("job %s run %s: handed the job as its cut-over ended; its queries start again", self.job,
+                     self.run_id)
+            return Handed(follower.root, plans, None)
+        log.warning("job %s run %s: %s", self.job, self.run_id, why)
+        shutil.rmtree(follower.root, ignore_errors=True)  # its queries are stopped; nobody else's
+        return None
 
     def _leader_stopped(self) -> bool:
         return patiently(partial(lease.predecessor_stopped, self.url, self.run_id), self.registry)
@@ -351,9 +451,10 @@ class Driver:
         return replayed
 
     def run_streaming(self, stages: list[Stage], checkpoint_root: Path, allow_non_restored: bool = False,
-                      spark: Any = None, plans: dict[str, Any] | None = None) -> bool:
-        """Run until stopped or handed off. False when the restored state does not fit the job's stages, or when
-        it cannot resume where it parked."""
+                      spark: Any = None, plans: dict[str, Any] | None = None,
+                      started: StageQueries | None = None) -> bool:
+        """Run until stopped or handed off (`started`: the queries a follower started before its hand-over). False
+        when the restored state does not fit the job's stages, or when it cannot resume where it parked."""
         names = [stage.name for stage in stages]
         if len(set(names)) != len(names):
             raise ValueError(f"job {self.job}: stage names must be unique, got {names}")
@@ -365,13 +466,14 @@ class Driver:
             return False
         for orphan in restored - set(names):  # allowed: set aside, so later savepoints do not carry it
             (checkpoint_root / orphan).rename(checkpoint_root / f".dropped-{orphan}")
-        queries = StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id)
-        seen = queries.committed()
+        queries = started or StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id)
+        seen = queries.started_from if started is not None else queries.committed()  # its first commit is reported
         described_plans = plans if plans is not None else self.describe(spark, stages)
         patiently(partial(self.report, seen, committed=False, sinks={s.name: s.sink.describe() for s in stages},
                           plans=described_plans), self.registry)
         took_over = False
-        queries.start()
+        if started is None:
+            queries.start()
         self._queries, self._checkpoint_root, self._confirmed_at = queries, checkpoint_root, time.monotonic()
         triggered = False
         described: set[str] = set()
@@ -383,7 +485,8 @@ class Driver:
                 self.report(queries.committed(), committed=False, state="STOPPED")
                 return True
             if state in ("STOP", "MOVE"):
-                if not queries.stop_at_boundary(self.stop_deadline, after_commit=state == "MOVE"):
+                announce = self._announce_last_batch if state == "MOVE" else None
+                if not queries.stop_at_boundary(self.stop_deadline, after_commit=state == "MOVE", on_last=announce):
                     self._patiently(partial(self.stop_failed, state))
                     continue
                 now = queries.committed()
@@ -420,6 +523,13 @@ class Driver:
                 except TRANSIENT as exc:  # SQLite busy past its timeout, a restarting server: the queries go on
                     log.warning("job %s run %s: progress not recorded (%s); retrying", self.job, self.run_id, exc)
             time.sleep(LOOP_SECONDS)
+
+    def _announce_last_batch(self, batches: dict[str, int]) -> None:
+        """Best effort: unsaid, the follower replays on until this run has parked, and starts its queries later."""
+        try:
+            lease.announce_last_batch(self.url, self.run_id, batches)
+        except Exception as exc:  # noqa: BLE001 - the stop goes on whatever the registry said
+            log.warning("job %s run %s: the batch it stops after was not recorded (%s)", self.job, self.run_id, exc)
 
     def _patiently(self, call: Callable[[], T]) -> T:
         """A registry call of the running loop, waited for while the registry does not answer. Every sink's write
@@ -462,6 +572,10 @@ class Driver:
         stopped = queries.stand_down_now()
         log.error("job %s run %s: not confirmed as its job's current run for %.0f s (the registry does not answer): "
                   "stopped its queries %s until it is", self.job, self.run_id, unconfirmed, stopped)
+
+    def stand_down_queries(self) -> None:
+        if self._queries is not None:
+            self._queries.stand_down.set()
 
     def record_stand_down(self, seconds: float, state: str) -> None:
         """Best effort: the registry that just answered may be gone again, and the queries run meanwhile."""
@@ -613,12 +727,12 @@ def main(argv: list[str] | None = None) -> int:
                 handed = driver.await_handoff(spark, stages)
                 if handed is None:
                     return 0
-                root, plans = handed
+                root, plans, started = handed.root, handed.plans, handed.queries
             else:
-                root, plans = Path(args.checkpoint_root), None
+                root, plans, started = Path(args.checkpoint_root), None, None
                 if args.state_partitions is not None:
                     driver.rescale(spark, root, args.state_partitions, [stage.name for stage in stages])
-            if not driver.run_streaming(stages, root, args.allow_non_restored_state, spark, plans):
+            if not driver.run_streaming(stages, root, args.allow_non_restored_state, spark, plans, started):
                 return 4
             return 0
         driver.report({}, committed=False)
@@ -635,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
             driver.lost_jvm(f"its driver's JVM ended under its Python ({type(exc).__name__}: {exc}): killed, or it "
                             "crashed; the checkpoint is whole as of the last commit")
             return 137
+        driver.stand_down_queries()  # a write waiting for a hand-over gives up, so the queries can stop
         stop_queries(spark)  # before the failure is on record: a parked run may resume on it, and write the same sinks
         driver.fail(f"job {args.job}: {type(exc).__name__}: {exc}")
         raise

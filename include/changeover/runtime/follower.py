@@ -10,9 +10,10 @@ scratch folder that is dropped), so the first real write later finds the writer 
 sink, which costs least, so the follower keeps up. More than one batch at a time would skip the state of the ones
 between.
 
-At the cut-over the predecessor is parked on a whole batch M: the follower replays up to M, takes the batch the
-predecessor had planned after M if it logged one (so it re-runs with those offsets, as the predecessor would have),
-and its queries then start with the job's own sinks from its own checkpoint.
+At the cut-over the predecessor stops after a whole batch M, which it names once M has begun: the follower replays up
+to M, takes the batch the predecessor had planned after M if it logged one (so it re-runs with those offsets, as the
+predecessor would have), and its queries then start with the job's own sinks from its own checkpoint, before the
+hand-over; their first write waits for it (`handoff.fence`).
 """
 
 from __future__ import annotations
@@ -100,16 +101,18 @@ class Follower:
     def committed(self) -> dict[str, int | None]:
         return {stage.name: checkpoints.last_commit(self.root / stage.name) for stage in self.stages}
 
-    def step(self) -> bool:
+    def step(self, through: dict[str, int] | None = None) -> bool:
         """Replay the next batch of every stage that is behind: committed by the leader, or logged and being run by a
-        leader that has not stopped. The stages' replays run at once, each in its own thread, as the leader's own
-        queries do: one after the other, a job of two stages would take twice the leader's time a batch. True when
-        any was replayed."""
+        leader that has not stopped; none past `through`. The stages' replays run at once, each in its own thread, as
+        the leader's own queries do: one after the other, a job of two stages would take twice the leader's time a
+        batch. True when any was replayed."""
         due: list[tuple[Stage, int]] = []
         for stage in self.stages:
             own = checkpoints.last_commit(self.root / stage.name)
             lead = checkpoints.last_commit(self.leader_root / stage.name)
             batch = 0 if own is None else own + 1
+            if through is not None and batch > through.get(stage.name, batch):
+                continue
             running = (self.leader_root / stage.name / "offsets" / str(batch)).exists() and not self.stopped()
             if (lead is not None and batch <= lead) or running:
                 due.append((stage, batch))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,13 @@ class StageQueries:
         self.registry_url, self.job, self.run_id = registry_url, job, run_id
         self.queries: dict[str, Any] = {}
         self.stand_down = threading.Event()  # set: every write of the running queries waiting for the registry gives up
+        self.started_from: dict[str, int | None] = {}  # each stage's last commit when all its queries started
 
     def start(self, only: list[str] | None = None) -> None:
         if self.stand_down.is_set():  # a new one: a write of the stopped queries that still waits keeps giving up
             self.stand_down = threading.Event()
+        if only is None:
+            self.started_from = self.committed()
         for stage in self.stages:
             if only is not None and stage.name not in only:
                 continue
@@ -84,17 +88,23 @@ class StageQueries:
         committed = last_commit(self.root / name)
         return committed != before or last_offsets(self.root / name) == committed
 
-    def stop_at_boundary(self, deadline_seconds: float, after_commit: bool = False) -> bool:
+    def stop_at_boundary(self, deadline_seconds: float, after_commit: bool = False,
+                         on_last: Callable[[dict[str, int]], None] | None = None) -> bool:
         """Stop every query at its next boundary, all watched at once. False, with every query running again,
         past the deadline. after_commit (a move of a one-stage job between batches): first wait for its next batch to
         begin, up to two trigger intervals and half the deadline, so it stops right after that batch's commit. A
         move's downtime runs from the last commit: a stop between batches would start it up to an interval before the
         stop. The deadline runs from the end of that wait, as for a stop asked while that batch runs. Not waited
         for: a query whose last three triggers read no input (none may come), or several stages (each would wait on
-        the others)."""
+        the others). on_last: told the batch it stops after, once that batch has begun (one stage, after_commit)."""
         before = {name: last_commit(self.root / name) for name in self.queries}
         if after_commit and len(self.queries) == 1:
-            self._await_next_batch(next(iter(self.queries)), before, deadline_seconds / 2)
+            name = next(iter(self.queries))
+            self._await_next_batch(name, before, deadline_seconds / 2)
+            committed = before[name]
+            last = 0 if committed is None else committed + 1
+            if on_last is not None and last_offsets(self.root / name) == last:  # begun, and the first after `before`
+                on_last({name: last})
         deadline = time.monotonic() + deadline_seconds
         stopped: list[str] = []
         while self.queries:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from changeover.errors import ChangeoverError
+from changeover.handoff import fence
 from changeover.registry import db
 
 GUARANTEES = ("exactly-once", "idempotent", "at-least-once")
@@ -36,6 +38,11 @@ class WriteContext:
     checkpoint: str | None = None  # the stage's checkpoint folder, where Spark logs each batch's offsets
     # set when the driver stands down (`Driver.fence_self`); one per start of the queries, shared by their writes
     stand_down: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+
+    def hold(self, batch_id: int) -> AbstractContextManager[fence.Held]:
+        """The fence around a batch's write (`fence.hold`); a primed follower's wait in it ends when the driver
+        stands down or stops its queries."""
+        return fence.hold(self.registry_url, self.job, self.run_id, self.stage, batch_id, self.stand_down)
 
     def patiently(self, call: Callable[[], T], what: str) -> T:
         """A write's database call, waited for while the database does not answer (`db.patiently`), and given up

@@ -23,7 +23,6 @@ from urllib.parse import unquote, urlparse
 
 from changeover import faults
 from changeover.errors import ChangeoverError
-from changeover.handoff import fence
 from changeover.runtime import checkpoints, state_partitions
 from changeover.runtime.sinks.base import Sink, WriteContext, run_without_writing
 
@@ -112,7 +111,7 @@ class Files(Sink):
     def _commit(self, spark: Any, context: WriteContext, batch_id: int, staging: Path, staged: list[str]) -> bool:
         """Move the staged files into place and add the batch's log entry, under the job row's lock. Safe to
         repeat: a file already moved stays moved, and a batch the log has is not added again."""
-        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as held:
+        with context.hold(batch_id) as held:
             if batch_id <= _or_before(self.progress(context)):
                 return False
             placed = []

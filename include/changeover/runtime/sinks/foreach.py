@@ -18,7 +18,6 @@ from sqlalchemy import delete, func, select
 
 from changeover import faults
 from changeover.errors import ChangeoverError
-from changeover.handoff import fence
 from changeover.registry.db import session_scope
 from changeover.registry.models import SinkLedger
 from changeover.runtime.sinks.base import Sink, WriteContext
@@ -39,7 +38,7 @@ def deliver(function: BatchFunction, context: WriteContext, batch: Any, batch_id
     takes_epoch = len(inspect.signature(function).parameters) >= 3
 
     def once() -> None:
-        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as held:
+        with context.hold(batch_id) as held:
             function(batch, batch_id, held.epoch) if takes_epoch else function(batch, batch_id)
             faults.reached_in_job("foreach.delivered")  # in the user's store, not yet recorded in the registry
             held.session.merge(SinkLedger(job=context.job, stage=context.stage, batch_id=batch_id, rows=0,

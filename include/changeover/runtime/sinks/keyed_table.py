@@ -278,7 +278,7 @@ class KeyedTable(Sink):
 
     def _merge_fenced(self, tables: _Tables, context: WriteContext, owner: str, batch_id: int,
                       staged: list[Staged]) -> bool:
-        with fence.hold(context.registry_url, context.job, context.run_id, context.stage, batch_id) as held:
+        with context.hold(batch_id) as held:
             if self.url == context.registry_url:
                 return self._merge(held.session.connection(), tables, context, owner, batch_id, staged, held.epoch)
             with engine_for(self.url).begin() as connection:
