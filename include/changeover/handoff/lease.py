@@ -262,7 +262,7 @@ def standby_turn(url: str, job: str, run_id: int) -> StandbyTurn:
             return "dismissed"
         if row.current_run_id == run_id and run.checkpoint_root:
             return "start"
-        predecessor = s.get(JobRun, run.standby_of) if run.standby_of else None
+        predecessor = _predecessor(s, run)
         if predecessor is None or row.current_run_id != predecessor.id or predecessor.ended_at is not None:
             return "dismissed"
         if run.following_since is None or not run.checkpoint_root:
@@ -270,12 +270,17 @@ def standby_turn(url: str, job: str, run_id: int) -> StandbyTurn:
         return "cut_over" if predecessor_stopping(s, row, run) else "follow"
 
 
+def _predecessor(s: Any, run: JobRun | None) -> JobRun | None:
+    """The run a standby is to succeed, None for a run that is no standby."""
+    return s.get(JobRun, run.standby_of) if run is not None and run.standby_of is not None else None
+
+
 def followed(url: str, run_id: int) -> tuple[Path, Path] | None:
     """A following standby's own checkpoint root, and its predecessor's, which it replays; None for one not given a
     checkpoint to follow with."""
     with session_scope(url) as s:
         run = s.get(JobRun, run_id)
-        predecessor = s.get(JobRun, run.standby_of) if run is not None and run.standby_of is not None else None
+        predecessor = _predecessor(s, run)
         if run is None or run.following_since is None or not run.checkpoint_root or predecessor is None \
                 or not predecessor.checkpoint_root:
             return None
@@ -286,13 +291,13 @@ def predecessor_stopped(url: str, run_id: int) -> bool:
     """Whether the run a follower follows has stopped: parked, or ended. A stop is recorded after its last commit."""
     with session_scope(url) as s:
         run = s.get(JobRun, run_id)
-        predecessor = s.get(JobRun, run.standby_of) if run is not None and run.standby_of is not None else None
+        predecessor = _predecessor(s, run)
         return predecessor is None or predecessor.parked or predecessor.ended_at is not None
 
 
 def announce_last_batch(url: str, run_id: int, batches: dict[str, int]) -> None:
-    """A run stopping for a move has begun the batch it stops after: its follower starts its queries as that batch
-    commits, instead of once the run has parked and handed it the job."""
+    """A run stopping for a move has begun the batch it stops after: its follower replays up to that batch and no
+    further, then starts its queries once the run has parked, before it is handed the job."""
     with session_scope(url) as s:
         bound_lock_waits(s)
         run = s.get(JobRun, run_id)
@@ -306,7 +311,7 @@ def stopping_after(url: str, run_id: int) -> dict[str, int] | None:
     """The batch the run a follower follows stops after, per stage, once it has said so (`announce_last_batch`)."""
     with session_scope(url) as s:
         run = s.get(JobRun, run_id)
-        predecessor = s.get(JobRun, run.standby_of) if run is not None and run.standby_of is not None else None
+        predecessor = _predecessor(s, run)
         return dict(predecessor.stopping_after) if predecessor is not None and predecessor.stopping_after else None
 
 
