@@ -633,6 +633,126 @@ def test_a_primed_followers_write_is_refused_once_its_parked_predecessor_takes_t
     assert [d["run"] for d in refused] == [follower, follower], refused
 
 
+class _ReplayingFollower:
+    """Stands in for a follower's Spark replays (`runtime.follower.Follower`): each step is one batch replayed, and
+    `caught_up` runs once it has none left, as the predecessor's park or failed stop would then come."""
+
+    def __init__(self, root: Path, batches: int, at: int, caught_up: Any) -> None:
+        self.root, self.left, self.at, self.caught_up = root, batches, at, caught_up
+        self.throughs: list[dict[str, int] | None] = []
+        self.finished = False
+
+    def step(self, through: dict[str, int] | None = None) -> bool:
+        self.throughs.append(through)
+        if self.left:
+            self.left -= 1
+            return True
+        self.caught_up()
+        return False
+
+    def finish(self, replayed: Any = lambda: None) -> dict[str, int | None]:
+        replayed()
+        self.finished = True
+        return {"totals": self.at}
+
+
+class _QueriesInOrder:
+    """Stands in for the job's Spark queries (`runtime.queries.StageQueries`): records their start and stand-down,
+    and the follower's row as it stood when they were stood down."""
+
+    made: list[_QueriesInOrder] = []
+
+    def __init__(self, stages: list[Any], root: Path, url: str, job: str, run_id: int) -> None:
+        self.root, self.url, self.run_id = root, url, run_id
+        self.started = False
+        self.ended_when_stood_down: bool | None = None
+        _QueriesInOrder.made.append(self)
+
+    def start(self) -> None:
+        self.started = True
+
+    def stand_down_now(self) -> list[str]:
+        with session_scope(self.url) as s:
+            self.ended_when_stood_down = s.get(JobRun, self.run_id).ended_at is not None
+        return ["totals"]
+
+
+@pytest.fixture
+def driver_queries(monkeypatch: pytest.MonkeyPatch) -> list[_QueriesInOrder]:
+    """The driver's cut-over with its Spark parts stood in for: the registry's answers are real."""
+    from changeover.runtime import driver
+
+    _QueriesInOrder.made = []
+    monkeypatch.setattr(driver, "StageQueries", _QueriesInOrder)
+    monkeypatch.setattr(driver, "PRIME_CHECK_SECONDS", 0.0)
+    return _QueriesInOrder.made
+
+
+def test_a_driver_primes_at_the_named_batch_and_starts_its_queries_once_the_job_parked(
+        settings: Settings, tmp_path: Path, driver_queries: list[_QueriesInOrder]) -> None:
+    """The follower replays up to the batch its predecessor named and no further, waits for the park, takes the
+    parked position, reports it before anything could write, and only then starts the job's queries."""
+    from changeover.runtime.driver import Driver
+
+    old = _job_with_running_run(settings, desired="MOVE")
+    standby = _follower(settings, old, tmp_path / "own", caught_up_to=2)
+    lease.announce_last_batch(settings.database_url, old, {"totals": 4})
+    parked = lambda: lease.park(settings.database_url, "clicks", old, {"totals": 4}, seconds=3600)  # noqa: E731
+    follower = _ReplayingFollower(tmp_path / "own", batches=2, at=4, caught_up=parked)
+    queries = Driver(settings, "clicks", standby)._prime(follower, [])  # type: ignore[arg-type]
+    assert queries is driver_queries[0] and queries.started and queries.root == tmp_path / "own"
+    assert follower.throughs == [{"totals": 4}] * 3 and follower.finished
+    with session_scope(settings.database_url) as s:
+        row = s.get(JobRun, standby)
+        assert row.progress == {"totals": 4} and row.ended_at is None  # the fence's check of its first write
+    assert lease.standby_turn(settings.database_url, "clicks", standby) == "cut_over"
+
+
+def test_a_driver_whose_cut_over_ends_before_the_park_starts_nothing_and_follows_on(
+        settings: Settings, tmp_path: Path, driver_queries: list[_QueriesInOrder]) -> None:
+    """The predecessor named its batch, then its stop failed: the follower, caught up, starts no query, takes no
+    pending batch, and is still a follower."""
+    from changeover.runtime.driver import Driver
+
+    old = _job_with_running_run(settings, desired="MOVE")
+    standby = _follower(settings, old, tmp_path / "own")
+    lease.announce_last_batch(settings.database_url, old, {"totals": 4})
+    failed = lambda: Driver(settings, "clicks", old).stop_failed("MOVE")  # noqa: E731
+    follower = _ReplayingFollower(tmp_path / "own", batches=0, at=4, caught_up=failed)
+    assert Driver(settings, "clicks", standby)._prime(follower, []) is None  # type: ignore[arg-type]
+    assert driver_queries == [] and not follower.finished
+    assert lease.standby_turn(settings.database_url, "clicks", standby) == "follow"
+
+
+@pytest.mark.parametrize("handed", [False, True], ids=["taken-back", "handed-meanwhile"])
+def test_a_primed_driver_whose_cut_over_ends_is_ended_before_its_queries_stand_down(
+        settings: Settings, tmp_path: Path, driver_queries: list[_QueriesInOrder], handed: bool) -> None:
+    """Its queries started and the hand-over did not come: the standby is ended first, so a write waiting in the
+    fence is refused rather than let through, then its queries stand down and its checkpoint, which may hold a batch
+    they planned alone, is removed. Handed the job in that moment, it keeps its checkpoint and starts again."""
+    from changeover.runtime.driver import Driver, Handed
+
+    old = _job_with_parked_run(settings, lease_left=3600)
+    root = tmp_path / "own"
+    (root / "totals" / "offsets").mkdir(parents=True)
+    standby = _follower(settings, old, root)
+    if handed:
+        assert warm.hand_over(settings, "clicks", standby, old, 1, root, "sp")
+    queries = _QueriesInOrder([], root, settings.database_url, "clicks", standby)
+    follower = _ReplayingFollower(root, batches=0, at=4, caught_up=lambda: None)
+    after = Driver(settings, "clicks", standby)._unprime(queries, follower, None, "the move was withdrawn")  # type: ignore[arg-type]
+    with session_scope(settings.database_url) as s:
+        row = s.get(JobRun, standby)
+        state, error = row.state, row.error
+    if handed:
+        assert after == Handed(root, None, None) and root.is_dir() and state == "RUNNING"
+        assert queries.ended_when_stood_down is False
+    else:
+        assert after is None and not root.exists() and state == "STOPPED"
+        assert error == "the move was withdrawn: it ends, having written nothing"
+        assert queries.ended_when_stood_down is True  # ended before its queries stood down
+
+
 class _MasterAt:
     """Only what a launch asks before it touches the registry: the master's version (no Spark here)."""
 
