@@ -101,7 +101,7 @@ def _start_guide(settings: Settings, cluster: Membership) -> tuple[Words, Path]:
 def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members: list[str]) -> None:
     """On PostgreSQL metadata the roll task is also killed mid-drain, mid-savepoint and mid-launch; on SQLite a
     user's own job, the guide's windowed count writing parquet, is rolled beside the demo's job. It runs once,
-    on PostgreSQL when CI sets it: SQLite metadata runs the killed scheduler's and update_job's upgrades through
+    on PostgreSQL when CI sets it: SQLite metadata runs the zero-downtime roll's and update_job's upgrades through
     the same scheduler, and tests/test_user_jobs.py moves the guide's job exact."""
     forced = stack.kind == "postgresql"
     # three killed tries in a row take longer than the usual lease: the parked run waits them out
@@ -343,6 +343,11 @@ def _task_log_tail(stack: Stack, run_id: str, dag_id: str = "rolling_upgrade") -
     return "\n".join(lines[-120:])
 
 
+# 133 s, mostly its 45 s lease, waited out. CI keeps its parts: a parked run resumes once its lease runs out, with no
+# orchestrator, without Spark on both registries (test_leases_and_fencing, test_lease_decisions); a real parked driver
+# takes its job back (test_user_jobs); a roll task killed mid-drain, mid-savepoint and mid-launch goes on at its retry
+# through the scheduler (the UI upgrade above).
+@pytest.mark.soak
 @pytest.mark.only_on("sqlite", "run once, on the embedded default; the PostgreSQL run has the forced failure")
 def test_a_killed_scheduler_leaves_no_job_stopped_and_a_restart_finishes_the_run(
     stack: Stack, members: list[str]

@@ -117,6 +117,8 @@ def _exact_in_the_users_database(settings: Settings, cluster: LocalCluster, user
     return runs, writers
 
 
+@pytest.mark.soak  # 120 s, mostly its 60 s lease; CI keeps the decision without Spark on both registries: the
+# parked run reads the sink's own ledger and leaves the job to its successor (test_leases_and_fencing)
 def test_a_successor_killed_between_its_commit_in_the_users_database_and_the_registry_loses_nothing(
     users_server: Server, live: tuple[Settings, LocalCluster], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -152,7 +154,7 @@ def test_a_successor_killed_between_its_commit_in_the_users_database_and_the_reg
     assert runs[1].first_write_at is None and runs[1].id in writers  # it wrote, and only the sink knows
 
 
-@pytest.mark.soak  # the same gap as the case above, the registry down instead of the successor: under `make soak`
+@pytest.mark.soak  # the same gap as the case above, the registry down instead of the successor
 def test_the_registry_stopped_between_a_commit_in_the_users_database_and_its_record_loses_nothing(
     server: Server, users_server: Server, live: tuple[Settings, LocalCluster], monkeypatch: pytest.MonkeyPatch
 ) -> None:
