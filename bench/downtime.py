@@ -14,7 +14,9 @@ One run measures, on the same stateful query (bench/jobs: 10 s windowed counts i
       scheduler, executor, triggerer, triggered as the UI does), the job's number of moves and the sum of its
       downtimes, beside each member's time back in service and a worker's cold start in the same run.
 
-Commit times are the commit files' times in the checkpoints, for all forms alike. (b) to (e) end exact:
+Commit times are the commit files' times in the checkpoints, for all forms alike. Beside each move's downtime, the
+job's own usual time between commits before it (the median over its last 10 batches), the gap with no move at all.
+(b) to (e) end exact:
 every window the generator closed is in the output, once, with its true count.
 
     PYTHONPATH=bench .venv/bin/python bench/downtime.py [--only a,b,c,d,e]
@@ -146,6 +148,15 @@ def first_commit_gap(before: Path, after: Path, what: str) -> float:
     return gap(before, after, last)
 
 
+def usual_gap(checkpoint: Path, batches: int = 10) -> float:
+    """The median time between the job's own consecutive commits over its last `batches` before the move, with no
+    move: the baseline beside each move's downtime. At a fixed trigger a downtime cannot go much below it, as the new
+    run's next batch waits for its trigger like the old run's would have."""
+    times = [t for _, t in sorted(commit_times(checkpoint).items())][-(batches + 1):]
+    gaps = sorted(later - earlier for earlier, later in zip(times, times[1:], strict=False))
+    return gaps[len(gaps) // 2]
+
+
 def counts_checkpoint(settings: Settings, run_id: int) -> Path:
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
@@ -175,7 +186,7 @@ def changeover_move(settings: Settings, cluster: Membership, name: str, warm: bo
                                   "run it again on a quieter machine")
         downtime = first_commit_gap(before, counts_checkpoint(settings, after_run.id), f"{name} on 4.3.0")
         return {"downtime": downtime, "warm": after_run.standby_of is not None, "orchestration": moved,
-                "exact": exact(generator, output)}
+                "usual_gap": usual_gap(before), "exact": exact(generator, output)}
     finally:
         generator.stop()
         jobs.cancel(settings, cluster, name, reason="benchmark done")
@@ -273,7 +284,8 @@ def report(results: dict[str, dict[str, Any]]) -> None:
         if key in results:
             r = results[key]
             print(f"{label:44}{r['downtime']:>14.2f}{r['downtime'] / floor:>8.2f}  "
-                  f"{'warm' if r['warm'] else 'cold'}, exact: {r['exact']}, move took {r['orchestration']:.1f} s")
+                  f"{'warm' if r['warm'] else 'cold'}, exact: {r['exact']}, move took {r['orchestration']:.1f} s; "
+                  f"its commits {r['usual_gap']:.2f} s apart before the move ({r['downtime'] / r['usual_gap']:.2f}x)")
     if "d" in results:
         r = results["d"]
         kinds = ", ".join("warm" if w else "cold" for w in r["warm"])

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from changeover.errors import ChangeoverError
 from changeover.jobs import freshness
 from changeover.runtime import checkpoints
-from changeover.runtime.follower import lag, replayed_since
+from changeover.runtime.follower import Follower, InQueryReplay, PlannedPast, Withdrawn, lag, replayed_since
 from changeover.upgrade import zero_downtime
 
 T0 = 1_800_000_000.0  # the checkpoints' clock, in POSIX seconds
@@ -101,3 +102,105 @@ def test_a_move_strategy_must_be_one_changeover_knows() -> None:
     assert zero_downtime.strategy_of("warm", {"move_strategy": "zero_downtime"}) == "warm"  # the DAG's Param wins
     with pytest.raises(ChangeoverError, match=r"move strategy 'instant': the strategies are warm, zero_downtime"):
         zero_downtime.strategy_of("instant", {})
+
+
+class ReplayedFrame:
+    """Stands in for a replayed batch's DataFrame: its runs (Spark's noop write) go to `events`."""
+
+    def __init__(self, events: list[str] | None = None) -> None:
+        self.events = events if events is not None else []
+        self.write = self
+
+    def format(self, _name: str) -> ReplayedFrame:
+        return self
+
+    def mode(self, _mode: str) -> ReplayedFrame:
+        return self
+
+    def save(self) -> None:
+        self.events.append("run")
+
+
+def _follower_short_of(tmp_path: Path, stopped: bool) -> tuple[Follower, Path]:
+    """A follower that committed batches 0-2 of stage counts; its leader committed 0-3 (its last: 3)."""
+    leader, own = tmp_path / "leader", tmp_path / "own"
+    for n in range(4):
+        batch(leader / "counts", n, n, {n: T0 + n}, T0 + n + 1)
+    for n in range(3):
+        batch(own / "counts", n, n, {n: T0 + n}, T0 + n + 1)
+    return Follower(None, [SimpleNamespace(name="counts")], own, leader, lambda: stopped), leader  # type: ignore[list-item]
+
+
+def test_queries_primed_short_of_the_last_batch_run_it_without_writing_then_say_the_follower_is_level(
+        tmp_path: Path) -> None:
+    """In the job's own queries, the leader's last batch is computed without writing and let through to Spark's
+    commit only once the leader has committed it and stopped, the follower said level first; later batches are the
+    sink's."""
+    follower, _ = _follower_short_of(tmp_path, stopped=True)
+    assert follower.level_short_of({"counts": 3}) and not follower.level_short_of({"counts": 2})
+    assert not follower.level_short_of({"counts": 3, "other": 0})
+    follower.take_batch("counts", 3)
+    assert checkpoints.last_offsets(tmp_path / "own" / "counts") == 3  # the leader's entry, uncommitted
+    events: list[str] = []
+    hook = InQueryReplay(follower, {"counts": 3}, lambda: events.append("level"), lambda: None)
+    assert hook("counts", ReplayedFrame(events), 3) and events == ["run", "level"] and hook.levelled.is_set()
+    assert not hook("counts", ReplayedFrame(events), 4) and events == ["run", "level"]  # its own: the sink's
+
+
+def test_queries_primed_short_of_the_last_batch_stop_before_a_batch_the_leader_planned_past_it(
+        tmp_path: Path) -> None:
+    """The leader logged batch 4 as its stop came: the queries would plan 4 with offsets of their own, so the replay
+    of 3 fails, uncommitted and not level, and the follower takes the leader's 4 instead."""
+    follower, leader = _follower_short_of(tmp_path, stopped=True)
+    batch(leader / "counts", 4, 4, {4: T0 + 4}, None)
+    events: list[str] = []
+    hook = InQueryReplay(follower, {"counts": 3}, lambda: events.append("level"), lambda: None)
+    with pytest.raises(PlannedPast, match="logged batch 4"):
+        hook("counts", ReplayedFrame(events), 3)
+    assert events == ["run"] and isinstance(hook.raised, PlannedPast) and not hook.levelled.is_set()
+
+
+def test_queries_primed_short_of_the_last_batch_wait_for_the_leaders_stop_and_end_with_the_cut_over(
+        tmp_path: Path) -> None:
+    """The leader committed its last batch but has not stopped: the replay waits, looking whether the cut-over still
+    comes, and ends with it (its stop failed: the leader runs on, and a batch past it would be planned twice)."""
+    follower, _ = _follower_short_of(tmp_path, stopped=False)
+    events: list[str] = []
+
+    def check_cut_over() -> None:
+        events.append("look")
+        raise RuntimeError("the cut-over ended")
+
+    hook = InQueryReplay(follower, {"counts": 3}, lambda: events.append("level"), check_cut_over)
+    with pytest.raises(RuntimeError, match="the cut-over ended"):
+        hook("counts", ReplayedFrame(events), 3)
+    assert events == ["run", "look"] and isinstance(hook.raised, RuntimeError)
+    stopping = InQueryReplay(follower, {"counts": 3}, lambda: None, lambda: None)
+    stopping.cancelled.set()  # its queries are being stopped: the wait ends at its first look
+    with pytest.raises(Withdrawn, match="its queries are stopping"):
+        stopping("counts", ReplayedFrame(), 3)
+
+
+def test_queries_primed_short_of_a_batch_the_leader_stopped_without_committing_withdraw_it(tmp_path: Path) -> None:
+    follower, leader = _follower_short_of(tmp_path, stopped=True)
+    (leader / "counts" / "commits" / "3").unlink()
+    hook = InQueryReplay(follower, {"counts": 3}, lambda: None, lambda: None)
+    with pytest.raises(Withdrawn, match="stopped without committing"):
+        hook("counts", ReplayedFrame(), 3)
+
+
+def test_primed_queries_have_run_only_past_the_predecessors_batch_they_replayed(tmp_path: Path) -> None:
+    """A run that takes over once its queries have run a trigger (`lease.take_over`, after which its parked
+    predecessor exits) must not count the predecessor's last batch, which its primed queries replayed without writing:
+    a failure on its own first batch then still hands the job back."""
+    from changeover.runtime.queries import StageQueries
+
+    queries = StageQueries([], tmp_path, "sqlite://", "clicks", 5)
+    queries.queries = {"counts": SimpleNamespace(lastProgress={"batchId": 3})}
+    queries.started_from = {"counts": 3}
+    assert not queries.have_run()
+    queries.queries["counts"].lastProgress = {"batchId": 4}
+    assert queries.have_run()
+    queries.started_from = {"counts": None}  # a stage that never committed: any trigger is its own
+    queries.queries["counts"].lastProgress = {"batchId": 0}
+    assert queries.have_run()

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,11 +24,14 @@ from changeover.handoff.fence import Fenced, hold
 from changeover.jobs.intents import ContinueMove, ReplaceParked, Standby
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Event, Job, JobRun, Master, Member, utcnow
+from changeover.runtime import checkpoints
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import drain, lock, relocate, roll, verify, warm
 from changeover.upgrade.windows import DrainWindow
 from sqlalchemy import func, select
+from test_follower_decisions import ReplayedFrame
+from test_follower_decisions import batch as spark_batch
 
 
 def write_batch(settings: Settings, run_id: int, batch: int = 5) -> None:
@@ -634,20 +638,27 @@ def test_a_primed_followers_write_is_refused_once_its_parked_predecessor_takes_t
 
 
 class _ReplayingFollower:
-    """Stands in for a follower's Spark replays (`runtime.follower.Follower`): each step is one batch replayed, and
-    `caught_up` runs once it has none left, as the predecessor's park or failed stop would then come."""
+    """Stands in for a follower's Spark replays (`runtime.follower.Follower`): each step is one batch replayed, up to
+    the batch asked; `caught_up` runs once it has replayed the predecessor's last (`at`), as the predecessor's park or
+    failed stop would then come. It is never one batch short of it with the predecessor's offsets at hand, so its
+    queries start after it replayed that batch."""
 
     def __init__(self, root: Path, batches: int, at: int, caught_up: Any) -> None:
-        self.root, self.left, self.at, self.caught_up = root, batches, at, caught_up
+        self.root, self.committed, self.at, self.caught_up = root, at - batches, at, caught_up
         self.throughs: list[dict[str, int] | None] = []
         self.finished = False
 
+    def level_short_of(self, _through: dict[str, int]) -> bool:
+        return False
+
     def step(self, through: dict[str, int] | None = None) -> bool:
         self.throughs.append(through)
-        if self.left:
-            self.left -= 1
+        target = self.at if through is None else through["totals"]
+        if self.committed < target:
+            self.committed += 1
             return True
-        self.caught_up()
+        if target >= self.at:
+            self.caught_up()
         return False
 
     def finish(self, replayed: Any = lambda: None) -> dict[str, int | None]:
@@ -662,14 +673,37 @@ class _QueriesInOrder:
 
     made: list[_QueriesInOrder] = []
 
-    def __init__(self, stages: list[Any], root: Path, url: str, job: str, run_id: int) -> None:
-        self.root, self.url, self.run_id = root, url, run_id
-        self.started = False
+    def __init__(self, stages: list[Any], root: Path, url: str, job: str, run_id: int,
+                 replay: Any = None) -> None:
+        self.root, self.url, self.run_id, self.replay = root, url, run_id, replay
+        self.started, self.stopped = False, False
         self.ended_when_stood_down: bool | None = None
+        self.started_from: dict[str, int | None] = {}
+        self.replayed: list[bool] = []
+        self.failed: BaseException | None = None
         _QueriesInOrder.made.append(self)
 
     def start(self) -> None:
+        """As Spark would: the first batch is the pending offset entry, given to the write hook."""
         self.started = True
+        if self.replay is not None:
+            pending = checkpoints.last_offsets(self.root / "totals")
+            try:
+                self.replayed.append(self.replay("totals", ReplayedFrame(), pending))
+            except Exception as exc:  # noqa: BLE001 - the query's failure, as Spark words it, read through failure()
+                self.failed = RuntimeError(f"[FOREACH_BATCH_USER_FUNCTION_ERROR] {type(exc).__name__}: {exc}")
+                return
+            spark_batch(self.root / "totals", pending, pending, {}, 1_800_000_009.0)  # Spark's commit of it
+
+    def failure(self) -> BaseException | None:
+        return self.failed
+
+    def committed(self) -> dict[str, int | None]:
+        return {"totals": checkpoints.last_commit(self.root / "totals")}
+
+    def stop_now(self) -> list[str]:
+        self.stopped = True
+        return ["totals"]
 
     def stand_down_now(self) -> list[str]:
         with session_scope(self.url) as s:
@@ -701,7 +735,7 @@ def test_a_driver_primes_at_the_named_batch_and_starts_its_queries_once_the_job_
     follower = _ReplayingFollower(tmp_path / "own", batches=2, at=4, caught_up=parked)
     queries = Driver(settings, "clicks", standby)._prime(follower, [])  # type: ignore[arg-type]
     assert queries is driver_queries[0] and queries.started and queries.root == tmp_path / "own"
-    assert follower.throughs == [{"totals": 4}] * 3 and follower.finished
+    assert follower.throughs == [{"totals": 3}] * 2 + [{"totals": 4}] * 2 and follower.finished
     with session_scope(settings.database_url) as s:
         row = s.get(JobRun, standby)
         assert row.progress == {"totals": 4} and row.ended_at is None  # the fence's check of its first write
@@ -722,6 +756,72 @@ def test_a_driver_whose_cut_over_ends_before_the_park_starts_nothing_and_follows
     assert Driver(settings, "clicks", standby)._prime(follower, []) is None  # type: ignore[arg-type]
     assert driver_queries == [] and not follower.finished
     assert lease.standby_turn(settings.database_url, "clicks", standby) == "follow"
+
+
+def test_a_follower_sees_its_predecessor_asked_to_move_only_while_it_is_the_jobs_run(settings: Settings,
+                                                                                    tmp_path: Path) -> None:
+    """While the predecessor is asked to move, its follower replays only committed batches (`Driver._follow`): the
+    one it runs may be its last. Not asked, or no longer the job's run, it replays the running batch too."""
+    old = _job_with_running_run(settings)
+    follower = _follower(settings, old, tmp_path / "own")
+    assert not lease.predecessor_moving(settings.database_url, follower)
+    with session_scope(settings.database_url) as s:
+        s.get(Job, "clicks").desired = "MOVE"
+    assert lease.predecessor_moving(settings.database_url, follower)
+    _successor(settings)  # the job's run is another now
+    assert not lease.predecessor_moving(settings.database_url, follower)
+
+
+def _short_of_the_last_batch(settings: Settings, tmp_path: Path) -> tuple[int, Path, Path]:
+    """A running run asked to move that said it stops after batch 3 of stage totals, which it committed before it
+    parked; its follower committed up to 2."""
+    old = _job_with_running_run(settings, desired="MOVE")
+    leader, own = tmp_path / "leader", tmp_path / "own"
+    for n in range(4):
+        spark_batch(leader / "totals", n, n, {n: 1_800_000_000.0 + n}, 1_800_000_001.0 + n)
+    for n in range(3):
+        spark_batch(own / "totals", n, n, {n: 1_800_000_000.0 + n}, 1_800_000_001.0 + n)
+    lease.announce_last_batch(settings.database_url, old, {"totals": 3})
+    lease.park(settings.database_url, "clicks", old, {"totals": 3}, seconds=3600)
+    return old, leader, own
+
+
+def test_a_driver_short_of_the_last_batch_starts_the_jobs_queries_there_and_is_level_once_they_replayed_it(
+        settings: Settings, tmp_path: Path, driver_queries: list[_QueriesInOrder]) -> None:
+    """The queries start on the predecessor's last batch, run it without writing, and the follower says it is level
+    there before any write of its own; their first commit of their own is the batch after it."""
+    from changeover.runtime.driver import Driver
+    from changeover.runtime.follower import Follower
+
+    old, leader, own = _short_of_the_last_batch(settings, tmp_path)
+    standby = _follower(settings, old, own, caught_up_to=2)
+    driver = Driver(settings, "clicks", standby)
+    follower = Follower(None, [SimpleNamespace(name="totals")], own, leader, driver._leader_stopped)  # type: ignore[list-item]
+    queries = driver._prime(follower, [])  # type: ignore[arg-type]
+    assert queries is driver_queries[0] and queries.replayed == [True] and not queries.stopped
+    assert queries.started_from == {"totals": 3} and checkpoints.last_commit(own / "totals") == 3
+    with session_scope(settings.database_url) as s:
+        assert s.get(JobRun, standby).progress == {"totals": 3}
+
+
+def test_a_driver_short_of_the_last_batch_whose_predecessor_planned_past_it_stops_its_queries_unwritten(
+        settings: Settings, tmp_path: Path, driver_queries: list[_QueriesInOrder]) -> None:
+    """The predecessor logged batch 4 as its stop came: the queries stop, their replay of 3 uncommitted, before
+    planning a 4 of their own, and the follower is not said level (it then primes from the predecessor's checkpoint,
+    taking its 4: `Follower.finish`)."""
+    from changeover.runtime.driver import Driver
+    from changeover.runtime.follower import Follower
+
+    old, leader, own = _short_of_the_last_batch(settings, tmp_path)
+    spark_batch(leader / "totals", 4, 4, {4: 1_800_000_004.0}, None)
+    standby = _follower(settings, old, own, caught_up_to=2)
+    driver = Driver(settings, "clicks", standby)
+    follower = Follower(None, [SimpleNamespace(name="totals")], own, leader, driver._leader_stopped)  # type: ignore[list-item]
+    assert driver._prime_in_queries(follower, [], {"totals": 3}) is None  # type: ignore[arg-type]
+    assert driver_queries[0].stopped and driver_queries[0].replayed == [] and driver._queries is None
+    assert checkpoints.last_commit(own / "totals") == 2 and checkpoints.last_offsets(own / "totals") == 3
+    with session_scope(settings.database_url) as s:
+        assert s.get(JobRun, standby).progress == {"totals": 2}
 
 
 @pytest.mark.parametrize("handed", [False, True], ids=["taken-back", "handed-meanwhile"])

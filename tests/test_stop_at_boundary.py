@@ -82,13 +82,20 @@ def _slow_stage(spark: Any, tmp_path: Path, files: int, trigger: str = "0 second
     return Stage("slow", frame, _Noop(), trigger=trigger), tmp_path / "cp"
 
 
-def test_a_stop_waits_for_the_running_batch_to_commit(spark: Any, tmp_path: Path) -> None:
-    stage, root = _slow_stage(spark, tmp_path, files=6)
+def _held_in_batch_0(spark: Any, tmp_path: Path, files: int, trigger: str = "0 seconds") -> tuple[StageQueries, Path]:
+    """The slow stage started, its batch 0 planned and running, held at the gate."""
+    stage, root = _slow_stage(spark, tmp_path, files=files, trigger=trigger)
     queries = StageQueries([stage], root, "sqlite://", "job", 1)
     queries.start()
     query = queries.queries["slow"]
     wait_for(lambda: query.status["isTriggerActive"] and last_offsets(root / "slow") == 0, 120,
              "batch 0 planned and running, held at the gate")
+    return queries, root
+
+
+def test_a_stop_waits_for_the_running_batch_to_commit(spark: Any, tmp_path: Path) -> None:
+    queries, root = _held_in_batch_0(spark, tmp_path, files=6)
+    query = queries.queries["slow"]
     stopped: list[bool] = []
     stopper = threading.Thread(target=lambda: stopped.append(queries.stop_at_boundary(120)))
     stopper.start()
@@ -144,6 +151,23 @@ def test_a_moves_stop_between_batches_waits_for_the_next_batch_and_stops_right_a
     assert last_commit(root / "slow") == 1  # the batch of the file that came during the wait, whole
     assert last_offsets(root / "slow") == 1  # and the stop came right after its commit: nothing planned past it
     assert named == [{"slow": 1, "committed": 0}]
+
+
+def test_a_followed_moves_stop_asked_during_a_batch_stops_after_the_next_one(spark: Any, tmp_path: Path) -> None:
+    """With a follower, the job's last batch is one begun after the stop was asked: from the ask on, the follower
+    replays only committed batches, so it is one batch short of the last, which it runs in the job's own queries.
+    Without one, the running batch is the last (the case above)."""
+    queries, root = _held_in_batch_0(spark, tmp_path, files=2, trigger="2 seconds")
+    query = queries.queries["slow"]
+    stopped: list[bool] = []
+    named: list[dict[str, int]] = []
+    stopper = threading.Thread(target=lambda: stopped.append(queries.stop_at_boundary(
+        60, after_commit=True, on_last=named.append, fresh=True)))
+    stopper.start()
+    (tmp_path / "gate").touch()
+    stopper.join(timeout=120)
+    assert stopped == [True] and not query.isActive and named == [{"slow": 1}]
+    assert last_commit(root / "slow") == 1 and last_offsets(root / "slow") == 1
 
 
 def test_a_moves_stop_of_a_query_that_read_no_input_does_not_wait(spark: Any, tmp_path: Path) -> None:

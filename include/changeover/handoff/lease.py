@@ -295,6 +295,23 @@ def predecessor_stopped(url: str, run_id: int) -> bool:
         return predecessor is None or predecessor.parked or predecessor.ended_at is not None
 
 
+def is_followed(url: str, run_id: int) -> bool:
+    """Whether a live follower follows the run (`upgrade.zero_downtime`): its stop for a move then comes after a
+    batch begun after the stop was asked (`StageQueries.stop_at_boundary`)."""
+    with session_scope(url) as s:
+        return s.scalar(select(JobRun.id).where(JobRun.standby_of == run_id, JobRun.following_since.is_not(None),
+                                                JobRun.ended_at.is_(None)).limit(1)) is not None
+
+
+def predecessor_moving(url: str, run_id: int) -> bool:
+    """Whether the run a follower follows is asked to stop for the move: the batch it runs may be its last, which
+    the follower's own queries run instead of a replay (`Driver._prime`)."""
+    with session_scope(url) as s:
+        predecessor = _predecessor(s, s.get(JobRun, run_id))
+        job = s.get(Job, predecessor.job) if predecessor is not None else None
+        return job is not None and job.current_run_id == predecessor.id and job.desired == Desired.MOVE
+
+
 def announce_last_batch(url: str, run_id: int, batches: dict[str, int]) -> None:
     """A run stopping for a move has begun the batch it stops after: its follower replays up to that batch and no
     further, then starts its queries once the run has parked, before it is handed the job."""

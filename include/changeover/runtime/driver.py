@@ -34,7 +34,7 @@ from changeover.registry.models import Job, JobRun, utcnow
 from changeover.registry.states import LIVE, Desired, RunState
 from changeover.runtime import checkpoints, state_partitions
 from changeover.runtime.contract import JobContext, Stage
-from changeover.runtime.follower import CannotFollow, Follower
+from changeover.runtime.follower import CannotFollow, Follower, InQueryReplay, PlannedPast, Withdrawn
 from changeover.runtime.queries import StageQueries
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
@@ -137,6 +137,7 @@ class Driver:
         self._stood_down_at: float | None = None
         self._checkpoint_root: Path | None = None
         self._beaten = 0.0  # when a cut-over's step last heartbeat
+        self._in_query_replay: InQueryReplay | None = None  # a follower's queries primed in place: on every start
 
     def record_submission(self, cwd: Path) -> None:
         """The second half of a launch whose answer was lost (its task killed after the master accepted it):
@@ -375,6 +376,8 @@ class Driver:
         began = time.monotonic()
         through = patiently(partial(lease.stopping_after, self.url, self.run_id), self.registry)
         try:
+            if through is not None and (queries := self._prime_in_queries(follower, stages, through)) is not None:
+                return queries
             while follower.step(through):
                 self._still_cutting_over()
             checked = time.monotonic()
@@ -401,6 +404,58 @@ class Driver:
                  "started, their writes waiting for the hand-over", self.job, self.run_id, at, through,
                  time.monotonic() - began)
         return queries
+
+    def _prime_in_queries(self, follower: Follower, stages: list[Stage],
+                          through: dict[str, int]) -> StageQueries | None:
+        """A follower one batch short of its predecessor's last starts the job's queries there, on that batch's
+        offsets, beside the predecessor running it (`InQueryReplay`): they run it without writing, say the follower is
+        level once the predecessor has parked after it, commit it, and then plan the next batch themselves, warm.
+        Returns them once they have committed it (a commit the driver does not count as its own: `started_from`), or
+        failed (the caller ends the standby). None, having stopped them unwritten, when the predecessor logged a batch
+        past its last or stopped without committing it (it primes as before), or when the follower is not one batch
+        short; raises Superseded, having stopped them, when the cut-over ended."""
+        began = time.monotonic()
+        one_short = {stage: batch - 1 for stage, batch in through.items()}
+        while follower.step(one_short):
+            self._still_cutting_over()
+        if not follower.level_short_of(through):
+            return None
+        for stage in through:
+            follower.take_batch(stage, through[stage])
+        report = partial(lease.report_following, self.url, self.run_id, dict(through))
+        hook = InQueryReplay(follower, through, lambda: patiently(report, self.registry), self._still_cutting_over)
+        queries = StageQueries(stages, follower.root, self.url, self.job, self.run_id, replay=hook)
+        self._queries, self._in_query_replay = queries, hook  # stood down, should the driver fail (`main`)
+        try:
+            queries.start()
+            checked = time.monotonic()
+            while not (hook.levelled.is_set() and follower.committed() == through):
+                if queries.failure() is not None:
+                    if isinstance(hook.raised, Superseded):
+                        raise hook.raised
+                    if isinstance(hook.raised, (PlannedPast, Withdrawn)):
+                        log.info("job %s run %s: %s; it primes from its predecessor's checkpoint", self.job,
+                                 self.run_id, hook.raised)
+                        self._stop_primed(queries, hook)
+                        return None
+                    return queries
+                if time.monotonic() - checked >= PRIME_CHECK_SECONDS:
+                    self._still_cutting_over()
+                    checked = time.monotonic()
+                hook.levelled.wait(PRIME_POLL_SECONDS)
+        except BaseException:
+            self._stop_primed(queries, hook)
+            raise
+        queries.started_from = queries.committed()  # the predecessor's batch: not a first commit of this run's own
+        log.info("job %s run %s: level at %s, its predecessor's last batch, in its own queries in %.2f s; their "
+                 "next write waits for the hand-over", self.job, self.run_id, through, time.monotonic() - began)
+        return queries
+
+    def _stop_primed(self, queries: StageQueries, hook: InQueryReplay) -> None:
+        """Queries primed in place that wrote nothing: a write hook waiting on the predecessor ends first."""
+        hook.cancelled.set()
+        queries.stop_now()
+        self._queries = self._in_query_replay = None
 
     def _still_cutting_over(self) -> None:
         """Between the cut-over's steps: heartbeat, and stop when the hand-over is no longer coming (`Superseded`)."""
@@ -440,9 +495,14 @@ class Driver:
 
     def _follow(self, follower: Follower) -> bool:
         """One step of a read-only follower; True when it replayed a batch (and said so). A follower that cannot go
-        on ends itself: the job was never stopped for it, and the orchestrator moves it another way."""
+        on ends itself: the job was never stopped for it, and the orchestrator moves it another way. While the
+        predecessor of a one-stage job is asked to move, it replays only what the predecessor has committed: the batch
+        it runs may be its last, which the job's own queries run instead (`_prime_in_queries`)."""
+        def not_moving() -> bool:  # the predecessor names its last batch only for one stage (`StageQueries`)
+            return len(checkpoints.stage_names(follower.leader_root)) > 1 or not patiently(
+                partial(lease.predecessor_moving, self.url, self.run_id), self.registry)
         try:
-            replayed = follower.step()
+            replayed = follower.step(running_too=not_moving)
         except CannotFollow as exc:
             patiently(partial(lease.end_standby, self.url, self.job, self.run_id, str(exc)), self.registry)
             return False
@@ -466,7 +526,9 @@ class Driver:
             return False
         for orphan in restored - set(names):  # allowed: set aside, so later savepoints do not carry it
             (checkpoint_root / orphan).rename(checkpoint_root / f".dropped-{orphan}")
-        queries = started or StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id)
+        # on the follower's checkpoint, its predecessor's batches never reach the sinks again (`InQueryReplay`)
+        queries = started or StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id,
+                                          replay=self._in_query_replay)
         seen = queries.started_from if started is not None else queries.committed()  # its first commit is reported
         described_plans = plans if plans is not None else self.describe(spark, stages)
         patiently(partial(self.report, seen, committed=False, sinks={s.name: s.sink.describe() for s in stages},
@@ -486,7 +548,9 @@ class Driver:
                 return True
             if state in ("STOP", "MOVE"):
                 announce = self._announce_last_batch if state == "MOVE" else None
-                if not queries.stop_at_boundary(self.stop_deadline, after_commit=state == "MOVE", on_last=announce):
+                followed = state == "MOVE" and self._patiently(partial(lease.is_followed, self.url, self.run_id))
+                if not queries.stop_at_boundary(self.stop_deadline, after_commit=state == "MOVE", on_last=announce,
+                                                fresh=followed):
                     self._patiently(partial(self.stop_failed, state))
                     continue
                 now = queries.committed()

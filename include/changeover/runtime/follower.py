@@ -10,10 +10,15 @@ scratch folder that is dropped), so the first real write later finds the writer 
 sink, which costs least, so the follower keeps up. More than one batch at a time would skip the state of the ones
 between.
 
-At the cut-over the predecessor stops after a whole batch M, which it names once M has begun: the follower replays up
-to M, takes the batch the predecessor had planned after M if it logged one (so it re-runs with those offsets, as the
-predecessor would have), and its queries then start with the job's own sinks from its own checkpoint, before the
-hand-over; their first write waits for it (`handoff.fence`).
+At the cut-over the predecessor stops after a whole batch M, which it names once M has begun. A follower one batch
+short of M starts the job's own queries there, with the job's sinks, on its own checkpoint holding M's offsets: they
+run M beside the predecessor without writing it (`InQueryReplay`), and once the predecessor has committed M and
+parked they plan M+1 themselves, their state loaded and their plans built, so the job's next batch costs no new query.
+Its write waits for the hand-over (`handoff.fence`). A follower that is not there (it replayed M already, or the
+predecessor logged a batch past M before its stop) replays up to M, takes the batch the predecessor had planned after M
+if it logged one (so it re-runs with those offsets, as the predecessor would have), and starts the queries then.
+While the predecessor is asked to move, a following follower replays only batches it has committed: the one it runs
+may be its last, which the queries above would run instead.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -83,6 +89,12 @@ class Withdrawn(Exception):
     """An early replay's batch that the leader stopped without committing: the follower must not commit it either."""
 
 
+class PlannedPast(Exception):
+    """At the cut-over the leader logged a batch past the one it stops after (its stop came as it planned it): the
+    follower's queries would plan that batch with offsets of their own, so they stop before, and the follower takes
+    the leader's (`Follower.finish`)."""
+
+
 class Follower:
     """stopped: whether the leader has stopped (parked or ended): then a batch it has not committed never will be.
 
@@ -101,11 +113,11 @@ class Follower:
     def committed(self) -> dict[str, int | None]:
         return {stage.name: checkpoints.last_commit(self.root / stage.name) for stage in self.stages}
 
-    def step(self, through: dict[str, int] | None = None) -> bool:
+    def step(self, through: dict[str, int] | None = None, running_too: Callable[[], bool] = lambda: True) -> bool:
         """Replay the next batch of every stage that is behind: committed by the leader, or logged and being run by a
-        leader that has not stopped; none past `through`. The stages' replays run at once, each in its own thread, as
-        the leader's own queries do: one after the other, a job of two stages would take twice the leader's time a
-        batch. True when any was replayed."""
+        leader that has not stopped (unless `running_too` says no); none past `through`. The stages' replays run at
+        once, each in its own thread, as the leader's own queries do: one after the other, a job of two stages would
+        take twice the leader's time a batch. True when any was replayed."""
         due: list[tuple[Stage, int]] = []
         for stage in self.stages:
             own = checkpoints.last_commit(self.root / stage.name)
@@ -113,8 +125,9 @@ class Follower:
             batch = 0 if own is None else own + 1
             if through is not None and batch > through.get(stage.name, batch):
                 continue
-            running = (self.leader_root / stage.name / "offsets" / str(batch)).exists() and not self.stopped()
-            if (lead is not None and batch <= lead) or running:
+            if (lead is not None and batch <= lead) or (
+                    (self.leader_root / stage.name / "offsets" / str(batch)).exists() and not self.stopped()
+                    and running_too()):
                 due.append((stage, batch))
         if len(due) <= 1:
             return any(self._replay(stage, batch) for stage, batch in due)
@@ -136,10 +149,20 @@ class Follower:
                                          -1 if own is None else own, link=True)
         return self.committed()
 
-    def _replay(self, stage: Stage, batch: int) -> bool:
-        leader, own = self.leader_root / stage.name, self.root / stage.name
+    def level_short_of(self, through: dict[str, int]) -> bool:
+        """Whether the job's queries can start here (`InQueryReplay`): every stage has committed the batch before
+        the one named, and the leader has logged that one."""
+        if set(through) != {stage.name for stage in self.stages}:
+            return False
+        return all(checkpoints.last_commit(self.root / name) == batch - 1
+                   and (self.leader_root / name / "offsets" / str(batch)).exists() for name, batch in through.items())
+
+    def take_batch(self, stage: str, batch: int) -> None:
+        """The leader's offset entry of `batch` (and the source log entries it points at) in the follower's
+        checkpoint, uncommitted, so that a query started on it runs exactly that batch."""
+        leader, own = self.leader_root / stage, self.root / stage
         if not (leader / "offsets" / str(batch)).exists():
-            raise CannotFollow(f"following stage {stage.name} at batch {batch}",
+            raise CannotFollow(f"following stage {stage} at batch {batch}",
                                f"the predecessor's checkpoint {leader} no longer holds that batch's offsets (Spark "
                                "keeps the newest spark.sql.streaming.minBatchesToRetain)",
                                "move the job with the warm strategy, or start the follower from a newer savepoint")
@@ -147,15 +170,19 @@ class Follower:
         checkpoints.snapshot_pending(leader, own, batch - 1, link=True)
         if not _same_file(own / "offsets" / str(batch), leader / "offsets" / str(batch)):
             # purged meanwhile, or another entry: Spark would plan a batch of its own, and the state would diverge
-            raise CannotFollow(f"following stage {stage.name} at batch {batch}", "its offset entry in the follower's "
+            raise CannotFollow(f"following stage {stage} at batch {batch}", "its offset entry in the follower's "
                                "checkpoint is not the predecessor's", "move the job with the warm strategy")
+
+    def _replay(self, stage: Stage, batch: int) -> bool:
+        leader, own = self.leader_root / stage.name, self.root / stage.name
+        self.take_batch(stage.name, batch)
         began = time.monotonic()
         shadowed, scratch = stage.name in self.shadowed, self.root / SHADOW / stage.name
 
         def write(frame: Any, _batch: int) -> None:
             # its writer warm, the rest compute their batch only (Spark's noop sink), to keep up
             run_without_writing(frame) if shadowed else stage.sink.shadow(frame, scratch)
-            self._await_leader(leader, batch)
+            self.await_leader(leader, batch)
 
         query = (stage.frame.writeStream.foreachBatch(write).outputMode(stage.output_mode)
                  .queryName(f"{stage.name}_follower").option("checkpointLocation", str(own))
@@ -178,16 +205,72 @@ class Follower:
                  self.replay_seconds[-1])
         return True
 
-    def _await_leader(self, leader: Path, batch: int) -> None:
-        """Inside the replay's write, before Spark commits it: until the leader has committed the batch. A leader
+    def await_leader(self, leader: Path, batch: int, looks: Callable[[], None] = lambda: None) -> None:
+        """Inside a replay's write, before Spark commits it: until the leader has committed the batch. A leader
         that stopped without it (looked at before its checkpoint: a stop comes after any commit), or that has not
-        committed it within LEADER_BATCH_SECONDS, withdraws it."""
-        deadline, asked = time.monotonic() + LEADER_BATCH_SECONDS, 0.0
-        while not (leader / "commits" / str(batch)).exists():
-            if time.monotonic() - asked >= STOPPED_POLL_SECONDS:
-                asked = time.monotonic()
-                if self.stopped() and not (leader / "commits" / str(batch)).exists():
-                    raise Withdrawn(f"batch {batch}: its leader stopped without committing it")
+        committed it within LEADER_BATCH_SECONDS, withdraws it. `looks` is called between looks at the leader."""
+        committed = leader / "commits" / str(batch)
+
+        def look() -> None:
+            looks()
+            if self.stopped() and not committed.exists():
+                raise Withdrawn(f"batch {batch}: its leader stopped without committing it")
+        self._wait(committed.exists, look, f"batch {batch}: its leader did not commit it within "
+                   f"{LEADER_BATCH_SECONDS:.0f} s")
+
+    def await_stopped(self, looks: Callable[[], None]) -> None:
+        """Until the leader has stopped (parked, or ended), calling `looks` between looks."""
+        self._wait(self.stopped, looks, f"its leader did not stop within {LEADER_BATCH_SECONDS:.0f} s of its last "
+                   "batch")
+
+    @staticmethod
+    def _wait(ready: Callable[[], bool], look: Callable[[], None], withdrawn: str) -> None:
+        deadline, looked = time.monotonic() + LEADER_BATCH_SECONDS, 0.0
+        while not ready():
+            if time.monotonic() - looked >= STOPPED_POLL_SECONDS:
+                look()
+                looked = time.monotonic()
             if time.monotonic() >= deadline:
-                raise Withdrawn(f"batch {batch}: its leader did not commit it within {LEADER_BATCH_SECONDS:.0f} s")
+                raise Withdrawn(withdrawn)
             time.sleep(COMMIT_POLL_SECONDS)
+
+
+class InQueryReplay:
+    """The write hook of the job's own queries, started one batch short of `through`, the leader's last
+    (`WriteContext.replay`, `Driver._prime_in_queries`). A batch up to `through` is the leader's: it runs without
+    writing, beside the leader's own run of it, and is let through to Spark's commit once the leader has committed
+    it. At `through` it also waits until the leader has stopped, so that the queries plan nothing past it before the
+    leader is known to have stopped there; refuses (`PlannedPast`) when the leader logged a batch past it; then reports
+    the follower level (`report_level`), before any write of the queries' own can reach the fence. Later batches are
+    the sinks'. `check_cut_over` raises when the cut-over has ended; `cancelled`, set before its queries are stopped,
+    ends a wait at once. What it raised is kept in `raised`, whatever Spark makes of it."""
+
+    def __init__(self, follower: Follower, through: dict[str, int], report_level: Callable[[], None],
+                 check_cut_over: Callable[[], None]) -> None:
+        self.follower, self.through = follower, through
+        self.report_level, self.check_cut_over = report_level, check_cut_over
+        self.levelled, self.cancelled = threading.Event(), threading.Event()
+        self.raised: BaseException | None = None
+
+    def __call__(self, stage: str, batch: Any, batch_id: int) -> bool:
+        if batch_id > self.through[stage]:
+            return False
+        run_without_writing(batch)  # its state stores reach the batch; nothing is committed until this returns
+        try:
+            leader = self.follower.leader_root / stage
+            self.follower.await_leader(leader, batch_id, self._between_looks)
+            if batch_id == self.through[stage]:
+                self.follower.await_stopped(self._between_looks)
+                if (leader / "offsets" / str(batch_id + 1)).exists():
+                    raise PlannedPast(f"stage {stage}: the leader logged batch {batch_id + 1} before it stopped")
+                self.report_level()
+                self.levelled.set()
+        except BaseException as exc:
+            self.raised = exc
+            raise
+        return True
+
+    def _between_looks(self) -> None:
+        if self.cancelled.is_set():
+            raise Withdrawn("the cut-over ended: its queries are stopping")
+        self.check_cut_over()

@@ -27,9 +27,11 @@ log = logging.getLogger(__name__)
 
 
 class StageQueries:
-    def __init__(self, stages: list[Stage], checkpoint_root: Path, registry_url: str, job: str, run_id: int) -> None:
+    def __init__(self, stages: list[Stage], checkpoint_root: Path, registry_url: str, job: str, run_id: int,
+                 replay: Callable[[str, Any, int], bool] | None = None) -> None:
         self.stages, self.root = stages, checkpoint_root
         self.registry_url, self.job, self.run_id = registry_url, job, run_id
+        self.replay = replay  # a primed follower's catch-up in these queries (`WriteContext.replay`)
         self.queries: dict[str, Any] = {}
         self.stand_down = threading.Event()  # set: every write of the running queries waiting for the registry gives up
         self.started_from: dict[str, int | None] = {}  # each stage's last commit when all its queries started
@@ -43,7 +45,7 @@ class StageQueries:
             if only is not None and stage.name not in only:
                 continue
             context = WriteContext(self.registry_url, self.job, stage.name, self.run_id, str(self.root / stage.name),
-                                   self.stand_down)
+                                   self.stand_down, self.replay)
             self.queries[stage.name] = (
                 stage.sink.attach(stage.frame, context).queryName(stage.name)
                 .outputMode(stage.output_mode)
@@ -56,8 +58,12 @@ class StageQueries:
         return {stage.name: last_commit(self.root / stage.name) for stage in self.stages}
 
     def have_run(self) -> bool:
-        """Every query has finished at least one trigger, data or none."""
-        return bool(self.queries) and all(q.lastProgress is not None for q in self.queries.values())
+        """Every query has finished a trigger of its own, data or none: one past the batch it started from (a
+        primed follower's queries first replay their predecessor's last batch, `Driver._prime_in_queries`)."""
+        def past_start(name: str, query: Any) -> bool:
+            progress, start = query.lastProgress, self.started_from.get(name)
+            return progress is not None and (start is None or int(progress["batchId"]) > start)
+        return bool(self.queries) and all(past_start(name, q) for name, q in self.queries.items())
 
     def failure(self) -> Exception | None:
         for query in self.queries.values():
@@ -89,17 +95,22 @@ class StageQueries:
         return committed != before or last_offsets(self.root / name) == committed
 
     def stop_at_boundary(self, deadline_seconds: float, after_commit: bool = False,
-                         on_last: Callable[[dict[str, int]], None] | None = None) -> bool:
+                         on_last: Callable[[dict[str, int]], None] | None = None, fresh: bool = False) -> bool:
         """Stop every query at its next boundary, all watched at once. False, with every query running again,
         past the deadline. after_commit (a move of a one-stage job between batches): first wait for its next batch to
         begin, up to two trigger intervals and half the deadline, so it stops right after that batch's commit. A
         move's downtime runs from the last commit: a stop between batches would start it up to an interval before the
         stop. The deadline runs from the end of that wait, as for a stop asked while that batch runs. Not waited
         for: a query whose last three triggers read no input (none may come), or several stages (each would wait on
-        the others). on_last: told the batch it stops after, once that batch has begun (one stage, after_commit)."""
+        the others). on_last: told the batch it stops after, once that batch has begun (one stage, after_commit).
+        fresh (a follower follows the job): asked while a batch runs, it stops after the next one instead, which the
+        follower, one batch short of it by then, runs in the job's own queries (`runtime.follower.InQueryReplay`)."""
         before = {name: last_commit(self.root / name) for name in self.queries}
         if after_commit and len(self.queries) == 1:
             name = next(iter(self.queries))
+            running = last_offsets(self.root / name)
+            if fresh and running is not None and running != before[name]:
+                before[name] = running  # the stop comes after the batch begun next, not the one running now
             self._await_next_batch(name, before, deadline_seconds / 2)
             committed = before[name]
             last = 0 if committed is None else committed + 1

@@ -38,6 +38,9 @@ class WriteContext:
     checkpoint: str | None = None  # the stage's checkpoint folder, where Spark logs each batch's offsets
     # set when the driver stands down (`Driver.fence_self`); one per start of the queries, shared by their writes
     stand_down: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    # a primed follower's catch-up in the job's own queries (`runtime.follower.InQueryReplay`): (stage, batch, batch id)
+    # -> True when the batch was its predecessor's, run without writing
+    replay: Callable[[str, Any, int], bool] | None = field(default=None, compare=False, repr=False)
 
     def hold(self, batch_id: int) -> AbstractContextManager[fence.Held]:
         """The fence around a batch's write (`fence.hold`); a primed follower's wait in it ends when the driver
@@ -54,6 +57,15 @@ class WriteContext:
             raise StoodDown(f"write of stage {self.stage} of job {self.job} by run {self.run_id}",
                             "the driver could not confirm that the run is still its job's current one, and stopped "
                             "its queries", "nothing to do: the batch is replayed once the registry confirms the run")
+
+
+def foreach_batch(frame: Any, context: WriteContext, write: Callable[[Any, int], Any]) -> Any:
+    """frame.writeStream with each batch given to `write`, but for a primed follower's catch-up, whose batches are
+    its predecessor's: those run without writing (`WriteContext.replay`)."""
+    def each(batch: Any, batch_id: int) -> None:
+        if context.replay is None or not context.replay(context.stage, batch, batch_id):
+            write(batch, batch_id)
+    return frame.writeStream.foreachBatch(each)
 
 
 class Sink(ABC):

@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlparse
 from changeover import faults
 from changeover.errors import ChangeoverError
 from changeover.runtime import checkpoints, state_partitions
-from changeover.runtime.sinks.base import Sink, WriteContext, run_without_writing
+from changeover.runtime.sinks.base import Sink, WriteContext, foreach_batch, run_without_writing
 
 FORMATS = ("parquet", "json", "csv", "orc", "text")
 LOG = "_spark_metadata"
@@ -87,7 +87,7 @@ class Files(Sink):
         return self.root / LOG
 
     def attach(self, frame: Any, context: WriteContext) -> Any:
-        return frame.writeStream.foreachBatch(functools.partial(self.write, context=context))
+        return foreach_batch(frame, context, functools.partial(self.write, context=context))
 
     def write(self, batch: Any, batch_id: int, context: WriteContext) -> bool:
         """Write one micro-batch; False when the log has it already (a replay). Staged by this call alone (a

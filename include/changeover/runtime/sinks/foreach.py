@@ -20,7 +20,7 @@ from changeover import faults
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import SinkLedger
-from changeover.runtime.sinks.base import Sink, WriteContext
+from changeover.runtime.sinks.base import Sink, WriteContext, foreach_batch
 
 BatchFunction = Callable[..., None]  # (batch_df, batch_id) or (batch_df, batch_id, epoch)
 
@@ -64,7 +64,7 @@ class ForeachBatch(Sink):
         if function is None:
             raise ChangeoverError(f"foreachBatch sink of stage {context.stage}", "it has no function",
                                   "pass the function: ForeachBatch(my_function, guarantee=...)")
-        return frame.writeStream.foreachBatch(functools.partial(deliver, function, context))
+        return foreach_batch(frame, context, functools.partial(deliver, function, context))
 
     def describe(self) -> dict[str, Any]:
         name = getattr(self.function, "__qualname__", None)

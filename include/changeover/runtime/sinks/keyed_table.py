@@ -29,7 +29,7 @@ from changeover.handoff import fence
 from changeover.names import check_name
 from changeover.registry.db import engine_for, patiently
 from changeover.registry.models import SinkLedger
-from changeover.runtime.sinks.base import Sink, WriteContext, run_without_writing
+from changeover.runtime.sinks.base import Sink, WriteContext, foreach_batch, run_without_writing
 
 OWNER, BATCH, RUN, PART, ATTEMPT = "_co_owner", "_co_batch", "_co_run", "_co_part", "_co_attempt"
 EXISTED = "_co_existed"
@@ -239,7 +239,7 @@ class KeyedTable(Sink):
                                   "pass keys=(...) naming the columns that identify a row")
 
     def attach(self, frame: Any, context: WriteContext) -> Any:
-        return frame.writeStream.foreachBatch(lambda batch, batch_id: self.write(batch, batch_id, context))
+        return foreach_batch(frame, context, lambda batch, batch_id: self.write(batch, batch_id, context))
 
     def tables(self, schema: Any = None) -> _Tables:
         with _tables_lock:
