@@ -195,9 +195,12 @@ def test_primed_queries_have_run_only_past_the_predecessors_batch_they_replayed(
     a failure on its own first batch then still hands the job back."""
     from changeover.runtime.queries import StageQueries
 
-    queries = StageQueries([], tmp_path, "sqlite://", "clicks", 5)
+    batch(tmp_path / "counts", 2, 2, {2: T0}, T0 + 1)  # the follower's own last commit: 2, before the primed 3
+    queries = StageQueries([SimpleNamespace(name="counts")], tmp_path, "sqlite://", "clicks", 5,  # type: ignore[list-item]
+                           replayed_through={"counts": 3})
+    assert queries.position() == {"counts": 3}  # started again on it after a failure, 3 is still not its own
     queries.queries = {"counts": SimpleNamespace(lastProgress={"batchId": 3})}
-    queries.started_from = {"counts": 3}
+    queries.started_from = queries.position()
     assert not queries.have_run()
     queries.queries["counts"].lastProgress = {"batchId": 4}
     assert queries.have_run()

@@ -170,6 +170,23 @@ def test_a_followed_moves_stop_asked_during_a_batch_stops_after_the_next_one(spa
     assert last_commit(root / "slow") == 1 and last_offsets(root / "slow") == 1
 
 
+def test_a_followed_moves_stop_whose_next_batch_does_not_begin_in_time_stops_after_the_running_one(
+        spark: Any, tmp_path: Path) -> None:
+    """The running batch outlasts the wait for the next (two intervals): the stop names it and comes after its
+    commit, cutting nothing."""
+    queries, root = _held_in_batch_0(spark, tmp_path, files=2, trigger="2 seconds")
+    stopped: list[bool] = []
+    named: list[dict[str, int]] = []
+    stopper = threading.Thread(target=lambda: stopped.append(queries.stop_at_boundary(
+        60, after_commit=True, on_last=named.append, fresh=True)))
+    stopper.start()
+    wait_for(lambda: bool(named), 60, "the stop naming its last batch once its wait for the next one ended")
+    (tmp_path / "gate").touch()
+    stopper.join(timeout=120)
+    assert stopped == [True] and named == [{"slow": 0}]
+    assert last_commit(root / "slow") == 0 and last_offsets(root / "slow") == 0  # batch 0 whole, nothing after it
+
+
 def test_a_moves_stop_of_a_query_that_read_no_input_does_not_wait(spark: Any, tmp_path: Path) -> None:
     stage, root = _slow_stage(spark, tmp_path, files=0, trigger="10 seconds")
     queries = StageQueries([stage], root, "sqlite://", "job", 1)

@@ -424,7 +424,8 @@ class Driver:
             follower.take_batch(stage, through[stage])
         report = partial(lease.report_following, self.url, self.run_id, dict(through))
         hook = InQueryReplay(follower, through, lambda: patiently(report, self.registry), self._still_cutting_over)
-        queries = StageQueries(stages, follower.root, self.url, self.job, self.run_id, replay=hook)
+        queries = StageQueries(stages, follower.root, self.url, self.job, self.run_id, replay=hook,
+                               replayed_through=dict(through))
         self._queries, self._in_query_replay = queries, hook  # stood down, should the driver fail (`main`)
         try:
             queries.start()
@@ -446,7 +447,6 @@ class Driver:
         except BaseException:
             self._stop_primed(queries, hook)
             raise
-        queries.started_from = queries.committed()  # the predecessor's batch: not a first commit of this run's own
         log.info("job %s run %s: level at %s, its predecessor's last batch, in its own queries in %.2f s; their "
                  "next write waits for the hand-over", self.job, self.run_id, through, time.monotonic() - began)
         return queries
@@ -526,10 +526,12 @@ class Driver:
             return False
         for orphan in restored - set(names):  # allowed: set aside, so later savepoints do not carry it
             (checkpoint_root / orphan).rename(checkpoint_root / f".dropped-{orphan}")
-        # on the follower's checkpoint, its predecessor's batches never reach the sinks again (`InQueryReplay`)
-        queries = started or StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id,
-                                          replay=self._in_query_replay)
-        seen = queries.started_from if started is not None else queries.committed()  # its first commit is reported
+        # on the follower's checkpoint, its predecessor's batches never reach the sinks again (`InQueryReplay`), nor
+        # count as this run's own commits
+        hook = self._in_query_replay
+        queries = started or StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id, replay=hook,
+                                          replayed_through=dict(hook.through) if hook is not None else None)
+        seen = queries.started_from if started is not None else queries.position()  # its first commit is reported
         described_plans = plans if plans is not None else self.describe(spark, stages)
         patiently(partial(self.report, seen, committed=False, sinks={s.name: s.sink.describe() for s in stages},
                           plans=described_plans), self.registry)
@@ -638,6 +640,8 @@ class Driver:
                   "stopped its queries %s until it is", self.job, self.run_id, unconfirmed, stopped)
 
     def stand_down_queries(self) -> None:
+        if self._in_query_replay is not None:  # a write hook waiting on the predecessor ends first
+            self._in_query_replay.cancelled.set()
         if self._queries is not None:
             self._queries.stand_down.set()
 

@@ -26,12 +26,18 @@ POLL_SECONDS = 0.02
 log = logging.getLogger(__name__)
 
 
+def _later(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
 class StageQueries:
     def __init__(self, stages: list[Stage], checkpoint_root: Path, registry_url: str, job: str, run_id: int,
-                 replay: Callable[[str, Any, int], bool] | None = None) -> None:
+                 replay: Callable[[str, Any, int], bool] | None = None,
+                 replayed_through: dict[str, int] | None = None) -> None:
         self.stages, self.root = stages, checkpoint_root
         self.registry_url, self.job, self.run_id = registry_url, job, run_id
         self.replay = replay  # a primed follower's catch-up in these queries (`WriteContext.replay`)
+        self.replayed_through = replayed_through or {}  # its batches up to these are the predecessor's, not its own
         self.queries: dict[str, Any] = {}
         self.stand_down = threading.Event()  # set: every write of the running queries waiting for the registry gives up
         self.started_from: dict[str, int | None] = {}  # each stage's last commit when all its queries started
@@ -40,7 +46,7 @@ class StageQueries:
         if self.stand_down.is_set():  # a new one: a write of the stopped queries that still waits keeps giving up
             self.stand_down = threading.Event()
         if only is None:
-            self.started_from = self.committed()
+            self.started_from = self.position()
         for stage in self.stages:
             if only is not None and stage.name not in only:
                 continue
@@ -56,6 +62,11 @@ class StageQueries:
 
     def committed(self) -> dict[str, int | None]:
         return {stage.name: last_commit(self.root / stage.name) for stage in self.stages}
+
+    def position(self) -> dict[str, int | None]:
+        """Each stage's last commit that is not its own to report: its checkpoint's, or a batch of the predecessor's
+        it replays without writing (`replayed_through`), whichever is later."""
+        return {name: _later(last, self.replayed_through.get(name)) for name, last in self.committed().items()}
 
     def have_run(self) -> bool:
         """Every query has finished a trigger of its own, data or none: one past the batch it started from (a
@@ -103,17 +114,20 @@ class StageQueries:
         stop. The deadline runs from the end of that wait, as for a stop asked while that batch runs. Not waited
         for: a query whose last three triggers read no input (none may come), or several stages (each would wait on
         the others). on_last: told the batch it stops after, once that batch has begun (one stage, after_commit).
-        fresh (a follower follows the job): asked while a batch runs, it stops after the next one instead, which the
-        follower, one batch short of it by then, runs in the job's own queries (`runtime.follower.InQueryReplay`)."""
+        fresh (a follower follows the job): asked while a batch runs, it waits for the next one instead (when batches
+        do not run back to back), which the follower, one batch short of it by then, runs in the job's own queries
+        (`runtime.follower.InQueryReplay`); if that one has not begun within the wait, it stops after the running one.
+        """
         before = {name: last_commit(self.root / name) for name in self.queries}
         if after_commit and len(self.queries) == 1:
             name = next(iter(self.queries))
+            wait_past = before[name]
             running = last_offsets(self.root / name)
-            if fresh and running is not None and running != before[name]:
-                before[name] = running  # the stop comes after the batch begun next, not the one running now
-            self._await_next_batch(name, before, deadline_seconds / 2)
-            committed = before[name]
-            last = 0 if committed is None else committed + 1
+            if fresh and running is not None and running != wait_past and not self._back_to_back(name):
+                wait_past = running
+            self._await_next_batch(name, wait_past, deadline_seconds / 2)
+            before[name] = last_commit(self.root / name)  # the batch begun since, if any, is the last: cut none
+            last = 0 if before[name] is None else before[name] + 1
             if on_last is not None and last_offsets(self.root / name) == last:  # begun, and the first after `before`
                 on_last({name: last})
         deadline = time.monotonic() + deadline_seconds
@@ -130,8 +144,16 @@ class StageQueries:
             time.sleep(POLL_SECONDS)
         return True
 
-    def _await_next_batch(self, name: str, before: dict[str, int | None], at_most: float) -> None:
-        """Until the query plans its next batch (offsets past `before`), or ends, up to two trigger intervals."""
+    def _back_to_back(self, name: str) -> bool:
+        """Whether the query's last batches each took its whole trigger interval or more: the next one is planned
+        the moment one commits, before a stop could come between them."""
+        interval = interval_seconds(next(stage.trigger for stage in self.stages if stage.name == name))
+        recent = self.queries[name].recentProgress[-3:]
+        return interval is None or bool(recent) and all(
+            progress.get("durationMs", {}).get("triggerExecution", 0) >= 1000 * interval for progress in recent)
+
+    def _await_next_batch(self, name: str, past: int | None, at_most: float) -> None:
+        """Until the query plans a batch past `past` (its offsets), or ends, up to two trigger intervals."""
         query = self.queries[name]
         recent = query.recentProgress[-3:]
         if recent and all(progress.get("numInputRows", 1) == 0 for progress in recent):
@@ -145,5 +167,5 @@ class StageQueries:
                         name, trigger)
             return
         until = time.monotonic() + min(2 * interval, at_most)
-        while time.monotonic() < until and query.isActive and last_offsets(self.root / name) == before[name]:
+        while time.monotonic() < until and query.isActive and last_offsets(self.root / name) == past:
             time.sleep(POLL_SECONDS)
