@@ -197,7 +197,7 @@ def test_primed_queries_have_run_only_past_the_predecessors_batch_they_replayed(
 
     batch(tmp_path / "counts", 2, 2, {2: T0}, T0 + 1)  # the follower's own last commit: 2, before the primed 3
     queries = StageQueries([SimpleNamespace(name="counts")], tmp_path, "sqlite://", "clicks", 5,  # type: ignore[list-item]
-                           replayed_through={"counts": 3})
+                           replay=SimpleNamespace(through={"counts": 3}))  # type: ignore[arg-type]
     assert queries.position() == {"counts": 3}  # started again on it after a failure, 3 is still not its own
     queries.queries = {"counts": SimpleNamespace(lastProgress={"batchId": 3})}
     queries.started_from = queries.position()

@@ -673,10 +673,8 @@ class _QueriesInOrder:
 
     made: list[_QueriesInOrder] = []
 
-    def __init__(self, stages: list[Any], root: Path, url: str, job: str, run_id: int,
-                 replay: Any = None, replayed_through: dict[str, int] | None = None) -> None:
+    def __init__(self, stages: list[Any], root: Path, url: str, job: str, run_id: int, replay: Any = None) -> None:
         self.root, self.url, self.run_id, self.replay = root, url, run_id, replay
-        self.replayed_through = replayed_through or {}
         self.started, self.stopped = False, False
         self.ended_when_stood_down: bool | None = None
         self.started_from: dict[str, int | None] = {}
@@ -689,7 +687,7 @@ class _QueriesInOrder:
         self.started = True
         committed = self.committed()["totals"]
         self.started_from = {"totals": max(-1 if committed is None else committed,
-                                           self.replayed_through.get("totals", -1))}
+                                           self.replay.through["totals"] if self.replay is not None else -1)}
         if self.replay is not None:
             pending = checkpoints.last_offsets(self.root / "totals")
             try:

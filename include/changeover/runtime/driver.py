@@ -424,8 +424,7 @@ class Driver:
             follower.take_batch(stage, through[stage])
         report = partial(lease.report_following, self.url, self.run_id, dict(through))
         hook = InQueryReplay(follower, through, lambda: patiently(report, self.registry), self._still_cutting_over)
-        queries = StageQueries(stages, follower.root, self.url, self.job, self.run_id, replay=hook,
-                               replayed_through=dict(through))
+        queries = StageQueries(stages, follower.root, self.url, self.job, self.run_id, replay=hook)
         self._queries, self._in_query_replay = queries, hook  # stood down, should the driver fail (`main`)
         try:
             queries.start()
@@ -528,9 +527,8 @@ class Driver:
             (checkpoint_root / orphan).rename(checkpoint_root / f".dropped-{orphan}")
         # on the follower's checkpoint, its predecessor's batches never reach the sinks again (`InQueryReplay`), nor
         # count as this run's own commits
-        hook = self._in_query_replay
-        queries = started or StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id, replay=hook,
-                                          replayed_through=dict(hook.through) if hook is not None else None)
+        queries = started or StageQueries(stages, checkpoint_root, self.url, self.job, self.run_id,
+                                          replay=self._in_query_replay)
         seen = queries.started_from if started is not None else queries.position()  # its first commit is reported
         described_plans = plans if plans is not None else self.describe(spark, stages)
         patiently(partial(self.report, seen, committed=False, sinks={s.name: s.sink.describe() for s in stages},

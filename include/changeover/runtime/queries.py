@@ -16,11 +16,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from changeover.runtime.checkpoints import last_commit, last_offsets
 from changeover.runtime.contract import Stage, interval_seconds
 from changeover.runtime.sinks import WriteContext
+
+if TYPE_CHECKING:
+    from changeover.runtime.follower import InQueryReplay
 
 POLL_SECONDS = 0.02
 log = logging.getLogger(__name__)
@@ -32,12 +35,10 @@ def _later(a: int | None, b: int | None) -> int | None:
 
 class StageQueries:
     def __init__(self, stages: list[Stage], checkpoint_root: Path, registry_url: str, job: str, run_id: int,
-                 replay: Callable[[str, Any, int], bool] | None = None,
-                 replayed_through: dict[str, int] | None = None) -> None:
+                 replay: InQueryReplay | None = None) -> None:
         self.stages, self.root = stages, checkpoint_root
         self.registry_url, self.job, self.run_id = registry_url, job, run_id
         self.replay = replay  # a primed follower's catch-up in these queries (`WriteContext.replay`)
-        self.replayed_through = replayed_through or {}  # its batches up to these are the predecessor's, not its own
         self.queries: dict[str, Any] = {}
         self.stand_down = threading.Event()  # set: every write of the running queries waiting for the registry gives up
         self.started_from: dict[str, int | None] = {}  # each stage's last commit when all its queries started
@@ -64,9 +65,10 @@ class StageQueries:
         return {stage.name: last_commit(self.root / stage.name) for stage in self.stages}
 
     def position(self) -> dict[str, int | None]:
-        """Each stage's last commit that is not its own to report: its checkpoint's, or a batch of the predecessor's
-        it replays without writing (`replayed_through`), whichever is later."""
-        return {name: _later(last, self.replayed_through.get(name)) for name, last in self.committed().items()}
+        """Each stage's last commit that is not its own to report: its checkpoint's, or the predecessor's last batch,
+        which it replays without writing (`replay.through`), whichever is later."""
+        replayed = self.replay.through if self.replay is not None else {}
+        return {name: _later(last, replayed.get(name)) for name, last in self.committed().items()}
 
     def have_run(self) -> bool:
         """Every query has finished a trigger of its own, data or none: one past the batch it started from (a
