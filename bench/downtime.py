@@ -19,13 +19,17 @@ job's own usual time between commits before it (the median over its last 10 batc
 (b) to (e) end exact:
 every window the generator closed is in the output, once, with its true count.
 
-    PYTHONPATH=bench .venv/bin/python bench/downtime.py [--only a,b,c,d,e]
+    PYTHONPATH=bench .venv/bin/python bench/downtime.py [--only a,b,c,d,e] [--stages 2] [--trigger '3 seconds']
+
+--stages and --trigger apply to (b), (c) and (e): a job of several queries (as the demo's clicks, 2), and another
+interval; with several stages a move's downtime is its longest stage's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -53,6 +57,9 @@ from scratch import scratch_settings
 from sqlalchemy import select
 
 JOBS = Path(__file__).resolve().parent / "jobs"
+sys.path.append(str(JOBS))
+from window_query import TRIGGER, stage_outputs  # noqa: E402 - the job's own module, shipped to its driver
+
 SPARK = asdict(SparkSettings(py_files=(str(JOBS / "window_query.py"),)))
 WINDOW = timedelta(seconds=10)
 WARM_UP_SECONDS = 20.0  # the job runs steadily this long before it is moved (a measurement window)
@@ -78,8 +85,8 @@ def output_counts(output: Path) -> Counter[str]:
     return counts
 
 
-def exact(generator: Generator, output: Path) -> bool:
-    """Every window the watermark has closed is in the output once, with its true count, and nothing else is."""
+def exact(generator: Generator, *outputs: Path) -> bool:
+    """In each output, every window the watermark has closed is there once, with its true count, and nothing else."""
     generator.stop()
     for _ in range(30):  # event time moves 30 s on: the watermark (10 s) passes every window written before
         generator.write_file()
@@ -87,11 +94,12 @@ def exact(generator: Generator, output: Path) -> bool:
     closed = {k: v for k, v in generator.window_truth.items()
               if datetime.strptime(k.split("@")[1], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC) + WINDOW <= horizon}
     try:
-        wait_for(lambda: {k: v for k, v in output_counts(output).items() if k in closed} == closed, 180,
-                 "every closed window in the output")
+        for output in outputs:
+            wait_for(lambda output=output: {k: v for k, v in output_counts(output).items() if k in closed} == closed,
+                     180, f"every closed window in {output}")
     except ChangeoverError:
         return False
-    return all(generator.window_truth.get(k) == v for k, v in output_counts(output).items())
+    return all(generator.window_truth.get(k) == v for output in outputs for k, v in output_counts(output).items())
 
 
 def bare(settings: Settings, cluster: Membership) -> dict[str, float]:
@@ -124,7 +132,8 @@ def bare(settings: Settings, cluster: Membership) -> dict[str, float]:
         wait_for(lambda: jobs.refresh(settings, cluster, "bare").state not in jobs.LIVE, 120, "the bare script ending")
 
 
-def start_job(settings: Settings, cluster: Membership, name: str, warm: bool = True) -> tuple[Generator, JobRun]:
+def start_job(settings: Settings, cluster: Membership, name: str, warm: bool = True,
+              stages: int = 1, trigger: str = TRIGGER) -> tuple[Generator, JobRun]:
     """The measured job under Changeover, with its generator writing (the same seed for every form)."""
     work = settings.home / name
     generator = Generator(work / "landing", seed=11)
@@ -133,7 +142,8 @@ def start_job(settings: Settings, cluster: Membership, name: str, warm: bool = T
     try:
         run = jobs.submit(settings, cluster, str(JOBS / "window_counts.py"), name,
                           options={"landing": str(generator.landing), "output": str(work / "output"),
-                                   "spark": SPARK, "warm_moves": warm})
+                                   "spark": SPARK, "warm_moves": warm, "stages": stages,
+                                   "trigger": trigger})
         jobs.wait_until_committed(settings, cluster, name)
     except BaseException:
         generator.stop()
@@ -157,18 +167,19 @@ def usual_gap(checkpoint: Path, batches: int = 10) -> float:
     return gaps[len(gaps) // 2]
 
 
-def counts_checkpoint(settings: Settings, run_id: int) -> Path:
+def counts_checkpoint(settings: Settings, run_id: int, stage: str = "counts") -> Path:
     with session_scope(settings.database_url) as s:
         run = s.get(JobRun, run_id)
         assert run is not None and run.checkpoint_root
-        return Path(run.checkpoint_root) / "counts"
+        return Path(run.checkpoint_root) / stage
 
 
 def changeover_move(settings: Settings, cluster: Membership, name: str, warm: bool,
-                    strategy: str = "warm") -> dict[str, Any]:
-    """(b), (c) or (e): the job under Changeover, moved from 4.2.0 to 4.3.0 one step at a time, as a drain moves it."""
-    output = settings.home / name / "output"
-    generator, run = start_job(settings, cluster, name, warm)
+                    strategy: str = "warm", stages: int = 1, trigger: str = TRIGGER) -> dict[str, Any]:
+    """(b), (c) or (e): the job under Changeover, moved from 4.2.0 to 4.3.0 one step at a time, as a drain moves it.
+    With several stages, the job's downtime is its longest stage's."""
+    outputs = stage_outputs(str(settings.home / name / "output"), stages)
+    generator, run = start_job(settings, cluster, name, warm, stages, trigger)
     try:
         before = counts_checkpoint(settings, run.id)
         time.sleep(WARM_UP_SECONDS)  # a measurement window, not a synchronisation
@@ -184,9 +195,11 @@ def changeover_move(settings: Settings, cluster: Membership, name: str, warm: bo
             raise ChangeoverError(f"the benchmark's move of {name}", "the job is still on 4.2.0: its move was "
                                   "not completed (`changeover events --job " + name + "` says why)",
                                   "run it again on a quieter machine")
-        downtime = first_commit_gap(before, counts_checkpoint(settings, after_run.id), f"{name} on 4.3.0")
+        downtime = max(first_commit_gap(counts_checkpoint(settings, run.id, stage),
+                                        counts_checkpoint(settings, after_run.id, stage), f"{name} {stage} on 4.3.0")
+                       for stage in outputs)
         return {"downtime": downtime, "warm": after_run.standby_of is not None, "orchestration": moved,
-                "usual_gap": usual_gap(before), "exact": exact(generator, output)}
+                "usual_gap": usual_gap(before), "exact": exact(generator, *map(Path, outputs.values()))}
     finally:
         generator.stop()
         jobs.cancel(settings, cluster, name, reason="benchmark done")
@@ -245,7 +258,11 @@ def member_times(settings: Settings) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="a,b,c,d,e", help="which forms to run, e.g. a,d (the ratios need a)")
-    forms = set(parser.parse_args().only.split(","))
+    parser.add_argument("--stages", type=int, default=1, help="the job's stages in (b), (c) and (e): each a query "
+                        "of its own, as the demo's clicks has 2")
+    parser.add_argument("--trigger", default=TRIGGER, help="the job's trigger interval in (b), (c) and (e)")
+    args = parser.parse_args()
+    forms, stages, trigger = set(args.only.split(",")), args.stages, args.trigger
     settings, _work = scratch_settings("downtime")
     cluster = membership_for(settings)
     results: dict[str, dict[str, Any]] = {}
@@ -261,9 +278,9 @@ def main() -> None:
     try:
         cluster.up([("m1", "4.2.0"), ("m2", "4.2.0"), ("m3", "4.3.0")])
         measure("a", lambda: bare(settings, cluster))
-        measure("b", lambda: changeover_move(settings, cluster, "cold", warm=False))
-        measure("c", lambda: changeover_move(settings, cluster, "warm", warm=True))
-        measure("e", lambda: changeover_move(settings, cluster, "zerodowntime", warm=True, strategy="zero_downtime"))
+        measure("b", lambda: changeover_move(settings, cluster, "cold", False, "warm", stages, trigger))
+        measure("c", lambda: changeover_move(settings, cluster, "warm", True, "warm", stages, trigger))
+        measure("e", lambda: changeover_move(settings, cluster, "zerodowntime", True, "zero_downtime", stages, trigger))
     finally:
         cluster.down()
     if "d" in forms:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from changeover.cluster import wait_for
 from changeover.errors import ChangeoverError
 from changeover.jobs import freshness
 from changeover.runtime import checkpoints
@@ -179,6 +181,90 @@ def test_queries_primed_short_of_the_last_batch_wait_for_the_leaders_stop_and_en
     stopping.cancelled.set()  # its queries are being stopped: the wait ends at its first look
     with pytest.raises(Withdrawn, match="its queries are stopping"):
         stopping("counts", ReplayedFrame(), 3)
+
+
+def _two_stages_short_of(tmp_path: Path) -> Follower:
+    """Stages counts and totals: the follower committed 0-2 of each, its leader 0-3 and stopped."""
+    follower, leader = _follower_short_of(tmp_path, stopped=True)
+    for n in range(4):
+        batch(leader / "totals", n, n, {n: T0 + n}, T0 + n + 1)
+    for n in range(3):
+        batch(tmp_path / "own" / "totals", n, n, {n: T0 + n}, T0 + n + 1)
+    follower.stages.append(SimpleNamespace(name="totals"))  # type: ignore[arg-type]
+    return follower
+
+
+def _replay_in_thread(hook: InQueryReplay, stage: str, events: list[str]) -> threading.Thread:
+    """The stage's write of its last replayed batch on a thread of its own, as Spark runs each query's."""
+    def write() -> None:
+        try:
+            events.append(f"{stage} returned {hook(stage, ReplayedFrame(events), 3)}")
+        except Exception as exc:  # noqa: BLE001 - what the hook raised is the subject
+            events.append(f"{stage} raised {type(exc).__name__}")
+    thread = threading.Thread(target=write)
+    thread.start()
+    wait_for(lambda: "run" in events, 30, f"stage {stage}'s batch run")
+    return thread
+
+
+def test_a_stage_level_at_the_last_batch_waits_for_the_others_and_the_follower_is_said_level_once(
+        tmp_path: Path) -> None:
+    """No stage commits the leader's last batch before every stage has reached it: another could still refuse it."""
+    follower = _two_stages_short_of(tmp_path)
+    assert follower.level_short_of({"counts": 3, "totals": 3})
+    events: list[str] = []
+    hook = InQueryReplay(follower, {"counts": 3, "totals": 3}, lambda: events.append("level"), lambda: None)
+    first = _replay_in_thread(hook, "counts", events)
+    assert hook("totals", ReplayedFrame(events), 3)
+    first.join(timeout=30)
+    assert events == ["run", "run", "level", "counts returned True"] and hook.levelled.is_set()
+
+
+def test_a_stage_refusing_the_last_batch_withdraws_the_others_waiting_at_theirs(tmp_path: Path) -> None:
+    """The leader logged batch 4 of totals as its stop came: counts, level and waiting, is withdrawn uncommitted, and
+    both stages prime as before."""
+    follower = _two_stages_short_of(tmp_path)
+    batch(tmp_path / "leader" / "totals", 4, 4, {4: T0 + 4}, None)
+    events: list[str] = []
+    hook = InQueryReplay(follower, {"counts": 3, "totals": 3}, lambda: events.append("level"), lambda: None)
+    first = _replay_in_thread(hook, "counts", events)
+    with pytest.raises(PlannedPast, match="stage totals: the leader logged batch 4"):
+        hook("totals", ReplayedFrame(events), 3)
+    first.join(timeout=30)
+    assert events == ["run", "run", "counts raised Withdrawn"] and not hook.levelled.is_set()
+    assert isinstance(hook.raised, PlannedPast)  # the first refusal, not the withdrawal it caused
+
+
+def test_queries_started_again_count_a_stage_that_committed_the_last_batch_as_level(tmp_path: Path) -> None:
+    """Stood down and started again (or handed the job as the cut-over ended), the queries replay the last batch only
+    where it is not committed yet: a stage that committed it will not reach it again, and must not be waited for.
+    What was raised or cancelled before is forgotten."""
+    follower = _two_stages_short_of(tmp_path)
+    events: list[str] = []
+    hook = InQueryReplay(follower, {"counts": 3, "totals": 3}, lambda: events.append("level"), lambda: None)
+    hook.cancelled.set()
+    with pytest.raises(Withdrawn):
+        hook("counts", ReplayedFrame(events), 3)
+    batch(tmp_path / "own" / "counts", 3, 3, {3: T0 + 3}, T0 + 4)  # committed meanwhile
+    hook.restart(follower.committed())
+    assert hook.raised is None and not hook.levelled.is_set()
+    assert hook("totals", ReplayedFrame(events), 3) and events == ["run", "run", "level"] and hook.levelled.is_set()
+
+
+def test_the_jobs_queries_cancel_their_replays_wait_when_they_stand_down_and_forget_it_when_they_start_again(
+        tmp_path: Path) -> None:
+    """`StageQueries`' side of the hook: a stand-down ends a replay waiting on the predecessor (Spark's stop waits
+    for the write to return), and a start on the follower's checkpoint begins the hook anew."""
+    from changeover.runtime.queries import StageQueries
+
+    follower = _two_stages_short_of(tmp_path)
+    hook = InQueryReplay(follower, {"counts": 3, "totals": 3}, lambda: None, lambda: None)
+    queries = StageQueries([], tmp_path / "own", "sqlite://", "clicks", 5, replay=hook)
+    queries.stand_down_now()
+    assert hook.cancelled.is_set()
+    hook.raised = PlannedPast("stage totals: the leader logged batch 4 before it stopped")
+    queries.start()
+    assert not hook.cancelled.is_set() and hook.raised is None
 
 
 def test_queries_primed_short_of_a_batch_the_leader_stopped_without_committing_withdraw_it(tmp_path: Path) -> None:

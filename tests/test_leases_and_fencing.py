@@ -25,6 +25,7 @@ from changeover.jobs.intents import ContinueMove, ReplaceParked, Standby
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Event, Job, JobRun, Master, Member, utcnow
 from changeover.runtime import checkpoints
+from changeover.runtime.follower import PlannedPast
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import drain, lock, relocate, roll, verify, warm
@@ -570,6 +571,19 @@ def test_a_primed_followers_write_waits_for_its_hand_over_and_lands_once_handed(
     assert lease.decide(settings.database_url, "clicks", old) == "exit"  # the follower wrote: handed off
 
 
+def test_a_run_stopping_for_a_move_that_names_no_batch_lets_its_follower_replay_up_to_the_park(
+        settings: Settings, tmp_path: Path) -> None:
+    """A stage had no batch to wait for, so the stop names none (`StageQueries.stop_at_boundary`): the follower's turn
+    is the cut-over at once, with no batch to stop at, so it replays the batches the run still runs beside it, as
+    before the move was asked, rather than only committed ones until the park."""
+    old = _job_with_running_run(settings, desired="MOVE")
+    follower = _follower(settings, old, tmp_path / "own")
+    assert lease.standby_turn(settings.database_url, "clicks", follower) == "follow"
+    lease.announce_last_batch(settings.database_url, old, {})
+    assert lease.standby_turn(settings.database_url, "clicks", follower) == "cut_over"
+    assert lease.stopping_after(settings.database_url, follower) is None
+
+
 def test_a_follower_caught_up_to_an_earlier_park_is_refused_its_first_write(settings: Settings,
                                                                              tmp_path: Path) -> None:
     """A follower caught up to batch 3, handed a job whose run has parked at 4 since (it resumed and parked again
@@ -669,48 +683,63 @@ class _ReplayingFollower:
 
 class _QueriesInOrder:
     """Stands in for the job's Spark queries (`runtime.queries.StageQueries`): records their start and stand-down,
-    and the follower's row as it stood when they were stood down."""
+    and the follower's row as it stood when they were stood down. Each stage's first batch, its pending offset entry,
+    goes to the write hook on a thread of its own, as Spark runs each query's foreachBatch; a stage the hook lets
+    through is committed."""
 
     made: list[_QueriesInOrder] = []
 
     def __init__(self, stages: list[Any], root: Path, url: str, job: str, run_id: int, replay: Any = None) -> None:
         self.root, self.url, self.run_id, self.replay = root, url, run_id, replay
+        self.stages = sorted(replay.through) if replay is not None else ["totals"]
         self.started, self.stopped = False, False
         self.ended_when_stood_down: bool | None = None
         self.started_from: dict[str, int | None] = {}
         self.replayed: list[bool] = []
         self.failed: BaseException | None = None
+        self.threads: list[threading.Thread] = []
         _QueriesInOrder.made.append(self)
 
     def start(self) -> None:
-        """As Spark would: the first batch is the pending offset entry, given to the write hook."""
         self.started = True
-        committed = self.committed()["totals"]
-        self.started_from = {"totals": max(-1 if committed is None else committed,
-                                           self.replay.through["totals"] if self.replay is not None else -1)}
+        committed = self.committed()
+        self.started_from = {stage: max(-1 if committed[stage] is None else committed[stage],
+                                        self.replay.through[stage] if self.replay is not None else -1)
+                             for stage in self.stages}
         if self.replay is not None:
-            pending = checkpoints.last_offsets(self.root / "totals")
-            try:
-                self.replayed.append(self.replay("totals", ReplayedFrame(), pending))
-            except Exception as exc:  # noqa: BLE001 - the query's failure, as Spark words it, read through failure()
-                self.failed = RuntimeError(f"[FOREACH_BATCH_USER_FUNCTION_ERROR] {type(exc).__name__}: {exc}")
-                return
-            spark_batch(self.root / "totals", pending, pending, {}, 1_800_000_009.0)  # Spark's commit of it
+            self.threads = [threading.Thread(target=self._first_batch, args=(stage,)) for stage in self.stages]
+            for thread in self.threads:
+                thread.start()
+
+    def _first_batch(self, stage: str) -> None:
+        pending = checkpoints.last_offsets(self.root / stage)
+        try:
+            self.replayed.append(self.replay(stage, ReplayedFrame(), pending))
+        except Exception as exc:  # noqa: BLE001 - the query's failure, as Spark words it, read through failure()
+            self.failed = self.failed or RuntimeError(f"[FOREACH_BATCH_USER_FUNCTION_ERROR] {type(exc).__name__}: "
+                                                      f"{exc}")
+            return
+        spark_batch(self.root / stage, pending, pending, {}, 1_800_000_009.0)  # Spark's commit of it
 
     def failure(self) -> BaseException | None:
         return self.failed
 
     def committed(self) -> dict[str, int | None]:
-        return {"totals": checkpoints.last_commit(self.root / "totals")}
+        return {stage: checkpoints.last_commit(self.root / stage) for stage in self.stages}
 
     def stop_now(self) -> list[str]:
         self.stopped = True
-        return ["totals"]
+        for thread in self.threads:  # Spark's stop waits for a batch's write to end
+            thread.join(timeout=30)
+            assert not thread.is_alive(), "a write hook still waits: the stop would hang"
+        return self.stages
 
     def stand_down_now(self) -> list[str]:
         with session_scope(self.url) as s:
             self.ended_when_stood_down = s.get(JobRun, self.run_id).ended_at is not None
-        return ["totals"]
+        if self.replay is not None:
+            self.replay.cancelled.set()
+        return self.stop_now()
 
 
 @pytest.fixture
@@ -774,17 +803,19 @@ def test_a_follower_sees_its_predecessor_asked_to_move_only_while_it_is_the_jobs
     assert not lease.predecessor_moving(settings.database_url, follower)
 
 
-def _short_of_the_last_batch(settings: Settings, tmp_path: Path) -> tuple[int, Path, Path]:
-    """A running run asked to move that said it stops after batch 3 of stage totals, which it committed before it
+def _short_of_the_last_batch(settings: Settings, tmp_path: Path,
+                             stages: tuple[str, ...] = ("totals",)) -> tuple[int, Path, Path]:
+    """A running run asked to move that said it stops after batch 3 of each stage, which it committed before it
     parked; its follower committed up to 2."""
     old = _job_with_running_run(settings, desired="MOVE")
     leader, own = tmp_path / "leader", tmp_path / "own"
-    for n in range(4):
-        spark_batch(leader / "totals", n, n, {n: 1_800_000_000.0 + n}, 1_800_000_001.0 + n)
-    for n in range(3):
-        spark_batch(own / "totals", n, n, {n: 1_800_000_000.0 + n}, 1_800_000_001.0 + n)
-    lease.announce_last_batch(settings.database_url, old, {"totals": 3})
-    lease.park(settings.database_url, "clicks", old, {"totals": 3}, seconds=3600)
+    for stage in stages:
+        for n in range(4):
+            spark_batch(leader / stage, n, n, {n: 1_800_000_000.0 + n}, 1_800_000_001.0 + n)
+        for n in range(3):
+            spark_batch(own / stage, n, n, {n: 1_800_000_000.0 + n}, 1_800_000_001.0 + n)
+    lease.announce_last_batch(settings.database_url, old, dict.fromkeys(stages, 3))
+    lease.park(settings.database_url, "clicks", old, dict.fromkeys(stages, 3), seconds=3600)
     return old, leader, own
 
 
@@ -824,6 +855,35 @@ def test_a_driver_short_of_the_last_batch_whose_predecessor_planned_past_it_stop
     assert checkpoints.last_commit(own / "totals") == 2 and checkpoints.last_offsets(own / "totals") == 3
     with session_scope(settings.database_url) as s:
         assert s.get(JobRun, standby).progress == {"totals": 2}
+
+
+@pytest.mark.parametrize("planned_past", [False, True], ids=["level", "windows-planned-past"])
+def test_a_driver_short_of_the_last_batch_of_two_stages_commits_it_in_both_or_in_neither(
+        settings: Settings, tmp_path: Path, driver_queries: list[_QueriesInOrder], planned_past: bool) -> None:
+    """The demo's `clicks` has two stages, each a query of its own: the follower is said level once both have
+    replayed the predecessor's last batch; when the predecessor logged a batch past it in one stage, neither commits
+    it, and both prime from the predecessor's checkpoint (`Follower.finish`)."""
+    from changeover.runtime.driver import Driver
+    from changeover.runtime.follower import Follower
+
+    old, leader, own = _short_of_the_last_batch(settings, tmp_path, stages=("totals", "windows"))
+    if planned_past:
+        spark_batch(leader / "windows", 4, 4, {4: 1_800_000_004.0}, None)
+    standby = _follower(settings, old, own, caught_up_to=2)
+    driver = Driver(settings, "clicks", standby)
+    follower = Follower(None, [SimpleNamespace(name="totals"), SimpleNamespace(name="windows")], own, leader,  # type: ignore[list-item]
+                        driver._leader_stopped)
+    queries = driver._prime_in_queries(follower, [], {"totals": 3, "windows": 3})  # type: ignore[arg-type]
+    with session_scope(settings.database_url) as s:
+        progress = s.get(JobRun, standby).progress
+    committed = {stage: checkpoints.last_commit(own / stage) for stage in ("totals", "windows")}
+    if planned_past:
+        assert queries is None and driver_queries[0].stopped and driver_queries[0].replayed == []
+        assert committed == {"totals": 2, "windows": 2} and progress == {"totals": 2}
+        assert isinstance(driver_queries[0].replay.raised, PlannedPast)
+    else:
+        assert queries is driver_queries[0] and queries.replayed == [True, True] and not queries.stopped
+        assert committed == {"totals": 3, "windows": 3} and progress == {"totals": 3, "windows": 3}
 
 
 @pytest.mark.parametrize("handed", [False, True], ids=["taken-back", "handed-meanwhile"])

@@ -153,6 +153,37 @@ def test_a_moves_stop_between_batches_waits_for_the_next_batch_and_stops_right_a
     assert named == [{"slow": 1, "committed": 0}]
 
 
+def test_a_moves_stop_of_two_stages_waits_for_both_next_batches_at_once_and_names_both(
+        spark: Any, tmp_path: Path) -> None:
+    """Two queries of the same input, as the demo's `clicks`: the stop waits for each one's next batch, all at once,
+    and names the batch each stops after only once both have begun, so their follower can run both in their queries."""
+    stage, root = _slow_stage(spark, tmp_path, files=1, trigger="3 seconds")
+    (tmp_path / "gate").touch()
+    queries = StageQueries([stage, Stage("slow_too", stage.frame, _Noop(), trigger="3 seconds")], root, "sqlite://",
+                           "job", 1)
+    queries.start()
+    wait_for(lambda: all(last_commit(root / name) == 0 and not query.status["isTriggerActive"]
+                         for name, query in queries.queries.items()), 120, "batch 0 of both committed, both idle")
+    (tmp_path / "gate").unlink()  # batch 1 of each is held until both are named
+    stopped: list[bool] = []
+    named: list[dict[str, Any]] = []
+
+    def on_last(last: dict[str, int]) -> None:
+        named.append({**last, "committed": [last_commit(root / name) for name in ("slow", "slow_too")]})
+        (tmp_path / "gate").touch()
+
+    stopper = threading.Thread(target=lambda: stopped.append(queries.stop_at_boundary(
+        60, after_commit=True, on_last=on_last)))
+    stopper.start()
+    arriving = tmp_path / "1.txt"
+    arriving.write_text("4\n5\n")
+    arriving.rename(tmp_path / "in" / "1.txt")
+    stopper.join(timeout=120)
+    assert stopped == [True] and not queries.queries
+    assert named == [{"slow": 1, "slow_too": 1, "committed": [0, 0]}]  # named while both ran batch 1
+    assert [(last_commit(root / name), last_offsets(root / name)) for name in ("slow", "slow_too")] == [(1, 1), (1, 1)]
+
+
 def test_a_followed_moves_stop_asked_during_a_batch_stops_after_the_next_one(spark: Any, tmp_path: Path) -> None:
     """With a follower, the job's last batch is one begun after the stop was asked: from the ask on, the follower
     replays only committed batches, so it is one batch short of the last, which it runs in the job's own queries.
@@ -195,7 +226,7 @@ def test_a_moves_stop_of_a_query_that_read_no_input_does_not_wait(spark: Any, tm
     began = time.monotonic()
     named: list[dict[str, int]] = []
     assert queries.stop_at_boundary(60, after_commit=True, on_last=named.append)
-    assert not named  # no batch begun: its follower starts once it has parked
+    assert named == [{}]  # no batch begun, none named: its follower replays up to the park, as before a move
     assert time.monotonic() - began < 5  # not the two intervals (20 s) a batch would have been waited for
     assert last_offsets(root / "slow") is None
 

@@ -314,7 +314,8 @@ def predecessor_moving(url: str, run_id: int) -> bool:
 
 def announce_last_batch(url: str, run_id: int, batches: dict[str, int]) -> None:
     """A run stopping for a move has begun the batch it stops after: its follower replays up to that batch and no
-    further, then starts its queries once the run has parked, before it is handed the job."""
+    further, then starts its queries once the run has parked, before it is handed the job. Empty: the run names no
+    batch (a stage had none to wait for), and its follower replays what it runs again, up to the park."""
     with session_scope(url) as s:
         bound_lock_waits(s)
         run = s.get(JobRun, run_id)

@@ -443,17 +443,23 @@ class Driver:
                     self._still_cutting_over()
                     checked = time.monotonic()
                 hook.levelled.wait(PRIME_POLL_SECONDS)
-        except BaseException:
+        except BaseException as exc:
             self._stop_primed(queries, hook)
+            if isinstance(exc, Superseded) and follower.committed() != one_short:
+                # committed the last batch, and may have begun to plan the next alone: it cannot follow on
+                raise CannotFollow(f"following job {self.job} on after its cut-over ended", "its queries had "
+                                   f"committed its predecessor's last batch {through}", "nothing to do: it ends, "
+                                   "having written nothing; the next step starts another follower") from exc
             raise
         log.info("job %s run %s: level at %s, its predecessor's last batch, in its own queries in %.2f s; their "
                  "next write waits for the hand-over", self.job, self.run_id, through, time.monotonic() - began)
         return queries
 
     def _stop_primed(self, queries: StageQueries, hook: InQueryReplay) -> None:
-        """Queries primed in place that wrote nothing: a write hook waiting on the predecessor ends first."""
+        """Queries primed in place that wrote nothing: a write hook waiting on the predecessor ends first, and so
+        does a write waiting in the fence (none should: no stage commits the last batch unless all do)."""
         hook.cancelled.set()
-        queries.stop_now()
+        queries.stand_down_now()
         self._queries = self._in_query_replay = None
 
     def _still_cutting_over(self) -> None:
@@ -495,11 +501,10 @@ class Driver:
     def _follow(self, follower: Follower) -> bool:
         """One step of a read-only follower; True when it replayed a batch (and said so). A follower that cannot go
         on ends itself: the job was never stopped for it, and the orchestrator moves it another way. While the
-        predecessor of a one-stage job is asked to move, it replays only what the predecessor has committed: the batch
-        it runs may be its last, which the job's own queries run instead (`_prime_in_queries`)."""
-        def not_moving() -> bool:  # the predecessor names its last batch only for one stage (`StageQueries`)
-            return len(checkpoints.stage_names(follower.leader_root)) > 1 or not patiently(
-                partial(lease.predecessor_moving, self.url, self.run_id), self.registry)
+        predecessor is asked to move, it replays only what the predecessor has committed: the batch it runs may be its
+        last, which the job's own queries run instead (`_prime_in_queries`)."""
+        def not_moving() -> bool:
+            return not patiently(partial(lease.predecessor_moving, self.url, self.run_id), self.registry)
         try:
             replayed = follower.step(running_too=not_moving)
         except CannotFollow as exc:
@@ -589,7 +594,8 @@ class Driver:
             time.sleep(LOOP_SECONDS)
 
     def _announce_last_batch(self, batches: dict[str, int]) -> None:
-        """Best effort: unsaid, the follower replays on until this run has parked, and starts its queries later."""
+        """Best effort: unsaid, the follower replays only committed batches until this run has parked, and starts its
+        queries later."""
         try:
             lease.announce_last_batch(self.url, self.run_id, batches)
         except Exception as exc:  # noqa: BLE001 - the stop goes on whatever the registry said

@@ -215,35 +215,39 @@ class Follower:
             looks()
             if self.stopped() and not committed.exists():
                 raise Withdrawn(f"batch {batch}: its leader stopped without committing it")
-        self._wait(committed.exists, look, f"batch {batch}: its leader did not commit it within "
-                   f"{LEADER_BATCH_SECONDS:.0f} s")
+        wait_on_leader(committed.exists, look, f"batch {batch}: its leader did not commit it within "
+                       f"{LEADER_BATCH_SECONDS:.0f} s")
 
     def await_stopped(self, looks: Callable[[], None]) -> None:
         """Until the leader has stopped (parked, or ended), calling `looks` between looks."""
-        self._wait(self.stopped, looks, f"its leader did not stop within {LEADER_BATCH_SECONDS:.0f} s of its last "
-                   "batch")
+        wait_on_leader(self.stopped, looks, f"its leader did not stop within {LEADER_BATCH_SECONDS:.0f} s of its "
+                       "last batch")
 
-    @staticmethod
-    def _wait(ready: Callable[[], bool], look: Callable[[], None], withdrawn: str) -> None:
-        deadline, looked = time.monotonic() + LEADER_BATCH_SECONDS, 0.0
-        while not ready():
-            if time.monotonic() - looked >= STOPPED_POLL_SECONDS:
-                look()
-                looked = time.monotonic()
-            if time.monotonic() >= deadline:
-                raise Withdrawn(withdrawn)
-            time.sleep(COMMIT_POLL_SECONDS)
+
+def wait_on_leader(ready: Callable[[], bool], look: Callable[[], None], withdrawn: str) -> None:
+    """A replay's wait inside its write: until `ready`, calling `look` (which raises to end it) between looks at the
+    leader; past LEADER_BATCH_SECONDS the batch is withdrawn."""
+    deadline, looked = time.monotonic() + LEADER_BATCH_SECONDS, 0.0
+    while not ready():
+        if time.monotonic() - looked >= STOPPED_POLL_SECONDS:
+            look()
+            looked = time.monotonic()
+        if time.monotonic() >= deadline:
+            raise Withdrawn(withdrawn)
+        time.sleep(COMMIT_POLL_SECONDS)
 
 
 class InQueryReplay:
-    """The write hook of the job's own queries, started one batch short of `through`, the leader's last
+    """The write hook of the job's own queries, started one batch short of `through`, the leader's last per stage
     (`WriteContext.replay`, `Driver._prime_in_queries`). A batch up to `through` is the leader's: it runs without
     writing, beside the leader's own run of it, and is let through to Spark's commit once the leader has committed
     it. At `through` it also waits until the leader has stopped, so that the queries plan nothing past it before the
-    leader is known to have stopped there; refuses (`PlannedPast`) when the leader logged a batch past it; then reports
-    the follower level (`report_level`), before any write of the queries' own can reach the fence. Later batches are
-    the sinks'. `check_cut_over` raises when the cut-over has ended; `cancelled`, set before its queries are stopped,
-    ends a wait at once. What it raised is kept in `raised`, whatever Spark makes of it."""
+    leader is known to have stopped there; refuses (`PlannedPast`) when the leader logged a batch past it; then waits
+    until every stage is level, so that no stage commits its last batch while another may still refuse (all the
+    stages then prime as before, from a clean checkpoint), and reports the follower level (`report_level`, once),
+    before any write of the queries' own can reach the fence. Later batches are the sinks'. `check_cut_over` raises
+    when the cut-over has ended; `cancelled`, set before its queries are stopped, ends a wait at once. What was raised
+    first is kept in `raised`, whatever Spark makes of it; every other stage's wait then ends too."""
 
     def __init__(self, follower: Follower, through: dict[str, int], report_level: Callable[[], None],
                  check_cut_over: Callable[[], None]) -> None:
@@ -251,26 +255,73 @@ class InQueryReplay:
         self.report_level, self.check_cut_over = report_level, check_cut_over
         self.levelled, self.cancelled = threading.Event(), threading.Event()
         self.raised: BaseException | None = None
+        self._level: set[str] = set()  # stages that reached `through` and passed its checks
+        self._lock = threading.Lock()
 
     def __call__(self, stage: str, batch: Any, batch_id: int) -> bool:
         if batch_id > self.through[stage]:
             return False
-        run_without_writing(batch)  # its state stores reach the batch; nothing is committed until this returns
         try:
+            run_without_writing(batch)  # its state stores reach the batch; nothing is committed until this returns
             leader = self.follower.leader_root / stage
             self.follower.await_leader(leader, batch_id, self._between_looks)
             if batch_id == self.through[stage]:
                 self.follower.await_stopped(self._between_looks)
                 if (leader / "offsets" / str(batch_id + 1)).exists():
                     raise PlannedPast(f"stage {stage}: the leader logged batch {batch_id + 1} before it stopped")
-                self.report_level()
-                self.levelled.set()
+                self._level_at_last(stage)
         except BaseException as exc:
-            self.raised = exc
+            with self._lock:
+                if self.raised is None:
+                    self.raised = exc
             raise
         return True
 
-    def _between_looks(self) -> None:
+    def restart(self, committed: dict[str, int | None]) -> None:
+        """For queries started again on the follower's checkpoint (after a failure, or handed the job as its cut-over
+        ended), given each stage's last commit there: nothing raised or cancelled, and a stage that committed its last
+        batch is level (it will not replay it again)."""
+        with self._lock:
+            self.raised = None
+            self.cancelled.clear()
+            self._level = {name for name, batch in self.through.items()
+                           if (done := committed.get(name)) is not None and done >= batch}
+            if self._level == set(self.through):
+                self.levelled.set()
+            else:
+                self.levelled.clear()
+
+    def _level_at_last(self, stage: str) -> None:
+        """Level once every stage is: decided under the lock, so that a stage that has given up is never counted."""
+        with self._lock:
+            self._going_on()
+            self._level.add(stage)
+            decided = self._level == set(self.through)
+        if decided:
+            try:
+                self.report_level()
+            except BaseException:
+                with self._lock:  # not level after all: the stages waiting withdraw, and none commits
+                    self._level.discard(stage)
+                raise
+            self.levelled.set()
+            return
+        try:
+            wait_on_leader(self.levelled.is_set, self._between_looks, "the other stages did not reach their "
+                           "predecessor's last batch in time")
+        except BaseException:
+            with self._lock:
+                if self._level == set(self.through):  # decided as it gave up: it commits with the others
+                    return
+                self._level.discard(stage)
+            raise
+
+    def _going_on(self) -> None:
         if self.cancelled.is_set():
             raise Withdrawn("the cut-over ended: its queries are stopping")
+        if self.raised is not None:
+            raise Withdrawn(f"another stage's replay refused its predecessor's last batch ({self.raised})")
+
+    def _between_looks(self) -> None:
+        self._going_on()
         self.check_cut_over()

@@ -5,8 +5,8 @@ batch (listing files, no offsets written yet), then stops the query, so the last
 whose batches follow each other back to back is stopped just after a commit: the next batch may have begun, which
 leaves at most an offset entry ahead of the last commit. Spark replays it with
 the same offsets, savepoints keep that entry, and the sinks recognise a replayed batch. Past the deadline (one
-batch that runs longer) the stop is given up and the queries run on. A move's stop of a one-stage job between batches
-first waits for the next batch, and stops after its commit, so the downtime starts at the stop, not a commit past.
+batch that runs longer) the stop is given up and the queries run on. A move's stop between batches first waits for
+each query's next batch, and stops after its commit, so the downtime starts at the stop, not a commit past.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class StageQueries:
             self.stand_down = threading.Event()
         if only is None:
             self.started_from = self.position()
+            if self.replay is not None:
+                self.replay.restart(self.committed())
         for stage in self.stages:
             if only is not None and stage.name not in only:
                 continue
@@ -87,8 +89,10 @@ class StageQueries:
     def stand_down_now(self) -> list[str]:
         """Stop every query now, a batch waiting for the registry inside its write included: that write gives up
         (`WriteContext.patiently`), so its batch fails with nothing logged, and is replayed when the queries start
-        again. Returns the stages stopped."""
+        again; so does a primed follower's replay waiting on its predecessor. Returns the stages stopped."""
         self.stand_down.set()
+        if self.replay is not None:  # and a replay waiting on the predecessor
+            self.replay.cancelled.set()
         return self.stop_now()
 
     def stop_now(self, only: list[str] | None = None) -> list[str]:
@@ -110,28 +114,25 @@ class StageQueries:
     def stop_at_boundary(self, deadline_seconds: float, after_commit: bool = False,
                          on_last: Callable[[dict[str, int]], None] | None = None, fresh: bool = False) -> bool:
         """Stop every query at its next boundary, all watched at once. False, with every query running again,
-        past the deadline. after_commit (a move of a one-stage job between batches): first wait for its next batch to
-        begin, up to two trigger intervals and half the deadline, so it stops right after that batch's commit. A
-        move's downtime runs from the last commit: a stop between batches would start it up to an interval before the
-        stop. The deadline runs from the end of that wait, as for a stop asked while that batch runs. Not waited
-        for: a query whose last three triggers read no input (none may come), or several stages (each would wait on
-        the others). on_last: told the batch it stops after, once that batch has begun (one stage, after_commit).
-        fresh (a follower follows the job): asked while a batch runs, it waits for the next one instead (when batches
-        do not run back to back), which the follower, one batch short of it by then, runs in the job's own queries
+        past the deadline. after_commit (a move, asked between batches): first wait for every query's next batch to
+        begin, all at once, up to two trigger intervals and half the deadline, so each stops right after that batch's
+        commit. A move's downtime runs from the last commit: a stop between batches would start it up to an interval
+        before the stop. The deadline runs from the end of that wait, as for a stop asked while those batches run.
+        Not waited for: a query whose last three triggers read no input (none may come). on_last (after_commit): told
+        the batch each query stops after, once every one of those batches has begun, or {} if one has not (its
+        follower then replays the running batches beside it, as before a move). fresh (a follower follows the
+        job): a query asked while a batch runs waits for the next one instead (unless its batches run back to back),
+        which the follower, one batch short of it by then, runs in the job's own queries
         (`runtime.follower.InQueryReplay`); if that one has not begun within the wait, it stops after the running one.
         """
         before = {name: last_commit(self.root / name) for name in self.queries}
-        if after_commit and len(self.queries) == 1:
-            name = next(iter(self.queries))
-            wait_past = before[name]
-            running = last_offsets(self.root / name)
-            if fresh and running is not None and running != wait_past and not self._back_to_back(name):
-                wait_past = running
-            self._await_next_batch(name, wait_past, deadline_seconds / 2)
-            before[name] = last_commit(self.root / name)  # the batch begun since, if any, is the last: cut none
-            last = 0 if before[name] is None else before[name] + 1
-            if on_last is not None and last_offsets(self.root / name) == last:  # begun, and the first after `before`
-                on_last({name: last})
+        if after_commit:
+            self._await_next_batches({name: self._stop_after(name, before[name], fresh) for name in self.queries},
+                                     deadline_seconds / 2)
+            before = {name: last_commit(self.root / name) for name in self.queries}  # those begun since are the last
+            last = {name: 0 if committed is None else committed + 1 for name, committed in before.items()}
+            if on_last is not None:  # each begun, none past; else none named
+                on_last(last if all(last_offsets(self.root / name) == batch for name, batch in last.items()) else {})
         deadline = time.monotonic() + deadline_seconds
         stopped: list[str] = []
         while self.queries:
@@ -146,28 +147,45 @@ class StageQueries:
             time.sleep(POLL_SECONDS)
         return True
 
+    def _stop_after(self, name: str, committed: int | None, fresh: bool) -> int | None:
+        """The batch past which a move's stop waits for the next to begin: the last commit, or with a follower
+        (`fresh`) the running batch, unless batches run back to back (the next would be planned before a stop)."""
+        running = last_offsets(self.root / name)
+        if fresh and running is not None and running != committed and not self._back_to_back(name):
+            return running
+        return committed
+
+    def _interval(self, name: str) -> float | None:
+        return interval_seconds(next(stage.trigger for stage in self.stages if stage.name == name))
+
     def _back_to_back(self, name: str) -> bool:
         """Whether the query's last batches each took its whole trigger interval or more: the next one is planned
         the moment one commits, before a stop could come between them."""
-        interval = interval_seconds(next(stage.trigger for stage in self.stages if stage.name == name))
+        interval = self._interval(name)
         recent = self.queries[name].recentProgress[-3:]
         return interval is None or bool(recent) and all(
             progress.get("durationMs", {}).get("triggerExecution", 0) >= 1000 * interval for progress in recent)
 
-    def _await_next_batch(self, name: str, past: int | None, at_most: float) -> None:
-        """Until the query plans a batch past `past` (its offsets), or ends, up to two trigger intervals."""
-        query = self.queries[name]
-        recent = query.recentProgress[-3:]
+    def _awaits_input(self, name: str) -> bool:
+        """Whether a next batch is to be waited for: the query's recent triggers read input, and its trigger is an
+        interval."""
+        recent = self.queries[name].recentProgress[-3:]
         if recent and all(progress.get("numInputRows", 1) == 0 for progress in recent):
             # its last triggers found no input (Spark reports such a trigger at most every 10 s; a watermark's
             # no-data batch, right after a batch that read input, is one of them)
+            return False
+        if self._interval(name) is None:
+            log.warning("stage %s: its trigger is not a form read here; its stop does not wait for a batch", name)
+            return False
+        return True
+
+    def _await_next_batches(self, past: dict[str, int | None], at_most: float) -> None:
+        """Until every query that awaits input plans a batch past `past` (its offsets), or ends, up to two of the
+        longest of their trigger intervals."""
+        waiting = [name for name in past if self._awaits_input(name)]
+        if not waiting:
             return
-        trigger = next(stage.trigger for stage in self.stages if stage.name == name)
-        interval = interval_seconds(trigger)
-        if interval is None:
-            log.warning("stage %s: its trigger %r is not a form read here; its stop does not wait for a batch",
-                        name, trigger)
-            return
-        until = time.monotonic() + min(2 * interval, at_most)
-        while time.monotonic() < until and query.isActive and last_offsets(self.root / name) == past:
+        until = time.monotonic() + min(2 * max(self._interval(name) or 0.0 for name in waiting), at_most)
+        while time.monotonic() < until and any(
+                self.queries[name].isActive and last_offsets(self.root / name) == past[name] for name in waiting):
             time.sleep(POLL_SECONDS)
