@@ -43,16 +43,22 @@ HAND_OVER_CHECK_SECONDS = 0.5  # how often that wait looks again at whether the 
 HAND_OVER_WAIT_SECONDS = 3600.0  # a backstop: the parked run's lease ends a hand-over that does not come far sooner
 
 
+def moving_predecessor(s: Session, row: Job, run: JobRun | None) -> JobRun | None:
+    """The run that `run`, a live follower, follows, when it is still the job's current run and asked to move."""
+    if run is None or run.ended_at is not None or run.standby_of is None or run.following_since is None:
+        return None
+    if row.current_run_id != run.standby_of or row.desired != Desired.MOVE:
+        return None
+    predecessor = s.get(JobRun, run.standby_of)
+    return predecessor if predecessor is not None and predecessor.ended_at is None else None
+
+
 def predecessor_stopping(s: Session, row: Job, run: JobRun | None, parked_only: bool = False) -> bool:
     """Whether `run` is a follower whose predecessor, the job's current run, is stopping for a move: it has parked,
     or (unless `parked_only`) it has said which batch it stops after."""
-    if run is None or run.ended_at is not None or run.standby_of is None or run.following_since is None:
-        return False
-    if row.current_run_id != run.standby_of or row.desired != Desired.MOVE:
-        return False
-    predecessor = s.get(JobRun, run.standby_of)
-    return (predecessor is not None and predecessor.ended_at is None
-            and (predecessor.parked or (not parked_only and predecessor.stopping_after is not None)))
+    predecessor = moving_predecessor(s, row, run)
+    return predecessor is not None and (predecessor.parked
+                                        or (not parked_only and predecessor.stopping_after is not None))
 
 
 def awaiting_hand_over(s: Session, row: Job, run: JobRun | None) -> bool:

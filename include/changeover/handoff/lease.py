@@ -19,7 +19,7 @@ from typing import Any, Literal
 from sqlalchemy import select, update
 
 from changeover import audit
-from changeover.handoff.fence import predecessor_stopping
+from changeover.handoff.fence import moving_predecessor, predecessor_stopping
 from changeover.registry.db import bound_lock_waits, lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
 from changeover.registry.records import own_job
@@ -307,9 +307,9 @@ def predecessor_moving(url: str, run_id: int) -> bool:
     """Whether the run a follower follows is asked to stop for the move: the batch it runs may be its last, which
     the follower's own queries run instead of a replay (`Driver._prime`)."""
     with session_scope(url) as s:
-        predecessor = _predecessor(s, s.get(JobRun, run_id))
-        job = s.get(Job, predecessor.job) if predecessor is not None else None
-        return job is not None and job.current_run_id == predecessor.id and job.desired == Desired.MOVE
+        run = s.get(JobRun, run_id)
+        job = s.get(Job, run.job) if run is not None else None
+        return job is not None and moving_predecessor(s, job, run) is not None
 
 
 def announce_last_batch(url: str, run_id: int, batches: dict[str, int]) -> None:
