@@ -771,6 +771,7 @@ def test_a_driver_primes_at_the_named_batch_and_starts_its_queries_once_the_job_
         row = s.get(JobRun, standby)
         assert row.progress == {"totals": 4} and row.ended_at is None  # the fence's check of its first write
     assert lease.standby_turn(settings.database_url, "clicks", standby) == "cut_over"
+    assert _levels(settings) == [(standby, {"totals": 4}, "after_park")]
 
 
 def test_a_driver_whose_cut_over_ends_before_the_park_starts_nothing_and_follows_on(
@@ -835,6 +836,13 @@ def test_a_driver_short_of_the_last_batch_starts_the_jobs_queries_there_and_is_l
     assert queries.started_from == {"totals": 3} and checkpoints.last_commit(own / "totals") == 3
     with session_scope(settings.database_url) as s:
         assert s.get(JobRun, standby).progress == {"totals": 3}
+    assert _levels(settings) == [(standby, {"totals": 3}, "in_queries")]
+
+
+def _levels(settings: Settings) -> list[tuple[int, dict[str, int], str]]:
+    """The audit's record of each follower level at the cut-over, and how it got there."""
+    return [(e.details["run"], e.details["at"], e.details["how"])
+            for e in audit.find(settings.database_url, job="clicks") if e.action == "job.follow.level"]
 
 
 def test_a_driver_short_of_the_last_batch_whose_predecessor_planned_past_it_stops_its_queries_unwritten(
@@ -880,7 +888,7 @@ def test_a_driver_short_of_the_last_batch_of_two_stages_commits_it_in_both_or_in
     if planned_past:
         assert queries is None and driver_queries[0].stopped and driver_queries[0].replayed == []
         assert committed == {"totals": 2, "windows": 2} and progress == {"totals": 2}
-        assert isinstance(driver_queries[0].replay.raised, PlannedPast)
+        assert isinstance(driver_queries[0].replay.raised, PlannedPast) and _levels(settings) == []
     else:
         assert queries is driver_queries[0] and queries.replayed == [True, True] and not queries.stopped
         assert committed == {"totals": 3, "windows": 3} and progress == {"totals": 3, "windows": 3}

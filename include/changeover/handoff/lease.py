@@ -341,6 +341,14 @@ def report_following(url: str, run_id: int, progress: dict[str, int | None]) -> 
                   .values(progress=dict(progress), heartbeat_at=utcnow()))
 
 
+def record_level(url: str, job: str, run_id: int, at: dict[str, int | None], how: str, seconds: float) -> None:
+    """For the audit: a follower level with its predecessor's last batch at the cut-over, and how it got there:
+    `in_queries` (the job's own queries ran that batch beside the predecessor), `after_park` (replayed up to the park,
+    queries started after it) or `after_hand_over` (handed the job before it had begun)."""
+    with session_scope(url) as s:
+        audit.record(s, "job.follow.level", "job", job, run=run_id, at=dict(at), how=how, seconds=round(seconds, 2))
+
+
 def end_standby(url: str, job: str, run_id: int, why: str, action: str = "job.standby.end") -> bool:
     """A standby that leaves, or is dismissed, without having run a query: ended STOPPED. False when it had ended
     already or was handed the job meanwhile: it is ended first, under the lock the hand-over takes, so no hand-over

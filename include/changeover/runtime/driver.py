@@ -360,6 +360,7 @@ class Driver:
             patiently(partial(lease.report_following, self.url, self.run_id, at), self.registry)  # see `fence`
             log.info("job %s run %s: handed the job, caught up to %s in %.2f s", self.job, self.run_id, at,
                      time.monotonic() - began)
+            self._record_level(at, "after_hand_over", began)
             faults.reached_in_job("follower.caught_up")  # mid cut-over: current, nothing written yet
         with session_scope(self.url) as s:
             run = s.get(JobRun, self.run_id)
@@ -403,6 +404,7 @@ class Driver:
         log.info("job %s run %s: caught up at %s (its predecessor said it stops after %s) in %.2f s; its queries "
                  "started, their writes waiting for the hand-over", self.job, self.run_id, at, through,
                  time.monotonic() - began)
+        self._record_level(at, "after_park", began)
         return queries
 
     def _prime_in_queries(self, follower: Follower, stages: list[Stage],
@@ -453,7 +455,15 @@ class Driver:
             raise
         log.info("job %s run %s: level at %s, its predecessor's last batch, in its own queries in %.2f s; their "
                  "next write waits for the hand-over", self.job, self.run_id, through, time.monotonic() - began)
+        self._record_level(dict(through), "in_queries", began)
         return queries
+
+    def _record_level(self, at: dict[str, int | None], how: str, began: float) -> None:
+        """Off the cut-over's path (its queries run, or it is handed the job), and best effort: the audit's line."""
+        try:
+            lease.record_level(self.url, self.job, self.run_id, at, how, time.monotonic() - began)
+        except TRANSIENT as exc:
+            log.warning("job %s run %s: its level at %s was not recorded (%s)", self.job, self.run_id, at, exc)
 
     def _stop_primed(self, queries: StageQueries, hook: InQueryReplay) -> None:
         """Queries primed in place that wrote nothing: a write hook waiting on the predecessor ends first, and so
