@@ -133,3 +133,15 @@ def test_a_member_upgraded_between_routing_and_execution_refuses_and_the_job_is_
     with session_scope(settings.database_url) as s:
         started = s.scalar(select(Event).where(Event.action == "light.start", Event.subject == tag))
     assert started.actor.startswith("alice via airflow:light_sql/r1/sql#1")
+
+
+def test_closing_the_pool_stops_every_pooled_session_and_empties_it() -> None:
+    """A process done with light jobs closes what it pooled, as an engine's dispose does. The sessions are stand-ins
+    with a `stop` (no Connect server here): the pool's own bookkeeping is the subject."""
+    stopped: list[str] = []
+    sessions = {key: SimpleNamespace(stop=lambda key=key: stopped.append(key)) for key in ("m1", "m2")}
+    with light_session._pool_lock:
+        light_session._pool.update({(f"sc://{key}:15002", "alice", ""): spark for key, spark in sessions.items()})
+    assert light.close_pool() == 2
+    assert sorted(stopped) == ["m1", "m2"] and not light_session._pool
+    assert light.close_pool() == 0

@@ -43,9 +43,13 @@ class SqlProbe:
         return self
 
     def stop(self) -> None:
+        """Stop asking, and close the pooled sessions: their gRPC channels would go on reconnecting in the test
+        process after the cluster is gone, and a later fork of that process (a local Spark's JVM) ran into them once
+        (JAVA_GATEWAY_EXITED, gRPC's poller seeing a bad file descriptor)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(120)
+        light.close_pool()
 
     def _run(self) -> None:
         while not self._stop.is_set():

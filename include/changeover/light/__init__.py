@@ -8,8 +8,8 @@ a refusal. `changeover.light.session()` is the user's entry point.
 
 from __future__ import annotations
 
-from changeover.light.client import LightSession, VersionChanged, interrupt, run_sql, session
+from changeover.light.client import LightSession, VersionChanged, close_pool, interrupt, run_sql, session
 from changeover.light.routing import NoLightServer, Route, choose, route
 
-__all__ = ["LightSession", "NoLightServer", "Route", "VersionChanged", "choose", "interrupt", "route", "run_sql",
-           "session"]
+__all__ = ["LightSession", "NoLightServer", "Route", "VersionChanged", "choose", "close_pool", "interrupt", "route",
+           "run_sql", "session"]

@@ -74,6 +74,18 @@ def open_checked(target: Route, user_id: str, params: str = "", reuse: bool = Fa
     return _open_new(target, user_id, params)
 
 
+def close_pool() -> int:
+    """Close every pooled session (as an engine's dispose closes its pooled connections), for a process done with
+    light jobs: their gRPC channels would otherwise stay open, reconnecting to servers that may be gone, in a process
+    that may go on to fork. Returns how many were closed."""
+    with _pool_lock:
+        pooled = list(_pool.values())
+        _pool.clear()
+    for spark in pooled:
+        _close(spark)
+    return len(pooled)
+
+
 def give_back(target: Route, user_id: str, params: str, spark: SparkSession) -> None:
     """Return a session to the pool once its job ended: one job at a time uses it, so its temporary views and
     settings are never another's mid-job."""
