@@ -438,7 +438,7 @@ class Driver:
                     if isinstance(hook.raised, (PlannedPast, Withdrawn)):
                         log.info("job %s run %s: %s; it primes from its predecessor's checkpoint", self.job,
                                  self.run_id, hook.raised)
-                        self._stop_primed(queries, hook)
+                        self._stop_primed(queries)
                         return None
                     return queries
                 if time.monotonic() - checked >= PRIME_CHECK_SECONDS:
@@ -446,7 +446,7 @@ class Driver:
                     checked = time.monotonic()
                 hook.levelled.wait(PRIME_POLL_SECONDS)
         except BaseException as exc:
-            self._stop_primed(queries, hook)
+            self._stop_primed(queries)
             if isinstance(exc, Superseded) and follower.committed() != one_short:
                 # committed the last batch, and may have begun to plan the next alone: it cannot follow on
                 raise CannotFollow(f"following job {self.job} on after its cut-over ended", "its queries had "
@@ -465,10 +465,10 @@ class Driver:
         except TRANSIENT as exc:
             log.warning("job %s run %s: its level at %s was not recorded (%s)", self.job, self.run_id, at, exc)
 
-    def _stop_primed(self, queries: StageQueries, hook: InQueryReplay) -> None:
-        """Queries primed in place that wrote nothing: a write hook waiting on the predecessor ends first, and so
-        does a write waiting in the fence (none should: no stage commits the last batch unless all do)."""
-        hook.cancelled.set()
+    def _stop_primed(self, queries: StageQueries) -> None:
+        """Queries primed in place that wrote nothing, stood down: their write hook's wait on the predecessor ends
+        first, and so does a write waiting in the fence (none should: no stage commits the last batch unless all
+        do)."""
         queries.stand_down_now()
         self._queries = self._in_query_replay = None
 
