@@ -325,7 +325,8 @@ class Driver:
                     continue  # the cut-over ended before the park: it follows on
             if primed is not None and follower is not None and (failure := primed.failure()) is not None:
                 return self._unprime(primed, follower, plans, f"its queries failed before the hand-over ({failure})")
-            if turn == "follow" and follower is not None and self._follow(follower):
+            # a follower that cannot prime follows on through the cut-over: less to replay once it is handed the job
+            if (turn == "follow" or unprimable) and follower is not None and self._follow(follower):
                 beat = time.monotonic()
                 continue
             if time.monotonic() >= deadline:
