@@ -50,6 +50,11 @@ def test_the_largest_wait_around_a_move_is_the_file_that_arrived_as_the_old_run_
     assert freshness.largest_gap(before, after) == pytest.approx(2.5, abs=0.01)  # the file of T0 + 3.5
     assert freshness.of_move(str(tmp_path / "old"), str(tmp_path / "new")) == pytest.approx(2.5, abs=0.01)
     assert freshness.arrivals(after, 4) == [pytest.approx(T0 + 3.5), pytest.approx(T0 + 4.5), pytest.approx(T0 + 5.5)]
+    # the baseline it is read against: the old run's usual batch, its stall set aside (a median of 1.2, 1.2, 9, 1.2)
+    assert freshness.usual_gap(before) == pytest.approx(1.2, abs=0.01)
+    assert freshness.usual_before_move(str(tmp_path / "old"), str(tmp_path / "new")) == pytest.approx(1.2, abs=0.01)
+    assert freshness.usual_gap(before, batches=1) == pytest.approx(1.2, abs=0.01)  # its last batch only, batch 3
+    assert freshness.usual_gap(before, batches=2) == pytest.approx(5.1, abs=0.01)  # batches 2 and 3
 
 
 def test_a_move_of_a_stage_without_file_input_has_no_freshness(tmp_path: Path) -> None:
@@ -63,6 +68,7 @@ def test_a_move_of_a_stage_without_file_input_has_no_freshness(tmp_path: Path) -
     assert freshness.largest_gap(tmp_path / "old" / "rates", tmp_path / "new" / "rates") is None
     assert freshness.of_move(str(tmp_path / "old"), str(tmp_path / "new")) is None
     assert freshness.of_move(None, str(tmp_path / "new")) is None
+    assert freshness.usual_before_move(str(tmp_path / "old"), str(tmp_path / "new")) is None
 
 
 def test_an_entry_spark_compacted_away_is_read_from_the_compaction_and_a_purged_batch_gives_no_figure(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from changeover import audit, jobs
-from changeover.cluster import LocalCluster
+from changeover.cluster import LocalCluster, wait_for
 from changeover.errors import ChangeoverError
 from changeover.handoff import lease
 from changeover.handoff.fence import Fenced, hold
@@ -945,6 +945,45 @@ def test_a_driver_short_of_the_last_batch_of_two_stages_commits_it_in_both_or_in
     else:
         assert queries is driver_queries[0] and queries.replayed == [True, True] and not queries.stopped
         assert committed == {"totals": 3, "windows": 3} and progress == {"totals": 3, "windows": 3}
+
+
+class _WindowsCommitsLate(_QueriesInOrder):
+    """Both stages are level; `totals` commits the last batch, and then the move is withdrawn (the job stays with its
+    predecessor) before `windows` commits it: Spark's stop of its query comes first."""
+
+    def _first_batch(self, stage: str) -> None:
+        if stage == "totals":
+            super()._first_batch(stage)
+            with session_scope(self.url) as s:
+                s.get(Job, "clicks").desired = "RUN"
+            return
+        self.replayed.append(self.replay(stage, ReplayedFrame(), checkpoints.last_offsets(self.root / stage)))
+        wait_for(lambda: self.stopped, 30, "its queries stopped")
+
+
+def test_a_driver_whose_cut_over_ends_after_a_stage_committed_the_last_batch_ends_rather_than_follows_on(
+        settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One stage's checkpoint holds the predecessor's last batch, committed by the job's own queries, which may have
+    begun to plan the next alone: that checkpoint can no longer follow the predecessor, so the follower ends, having
+    written nothing, instead of following on (the next step starts another)."""
+    from changeover.runtime import driver
+    from changeover.runtime.follower import Follower
+
+    monkeypatch.setattr(driver, "StageQueries", _WindowsCommitsLate)
+    monkeypatch.setattr(driver, "PRIME_CHECK_SECONDS", 0.0)
+    old, leader, own = _short_of_the_last_batch(settings, tmp_path, stages=("totals", "windows"))
+    standby = _follower(settings, old, own, caught_up_to=2)
+    moving = driver.Driver(settings, "clicks", standby)
+    follower = Follower(None, [SimpleNamespace(name="totals"), SimpleNamespace(name="windows")], own, leader,  # type: ignore[list-item]
+                        moving._leader_stopped)
+    assert moving._prime(follower, []) is None  # type: ignore[arg-type]
+    assert {stage: checkpoints.last_commit(own / stage) for stage in ("totals", "windows")} == {"totals": 3,
+                                                                                              "windows": 2}
+    with session_scope(settings.database_url) as s:
+        row = s.get(JobRun, standby)
+        assert row.state == "STOPPED" and row.ended_at is not None, row.error
+        assert "had committed its predecessor's last batch" in row.error
+    assert lease.standby_turn(settings.database_url, "clicks", standby) == "dismissed"
 
 
 @pytest.mark.parametrize("handed", [False, True], ids=["taken-back", "handed-meanwhile"])

@@ -700,7 +700,8 @@ class UpdateSummaryOperator(ChangeoverOperator):
         took = [m for m in move_history.of(settings, str(self.job)) if m.to_run == resumed.get("run")]
         if took and took[-1].zero_downtime:  # its follower's cut-over: how long an input file waited for the sink
             move_history.record(settings, took[-1:])
-            summary.update(strategy="zero_downtime", largest_gap_seconds=took[-1].freshness)
+            summary.update(strategy="zero_downtime", largest_gap_seconds=took[-1].freshness,
+                           usual_gap_seconds=took[-1].usual_freshness)
         self.log.info("update of job %s: %s", self.job, summary)
         if outcome != "updated":
             raise AirflowFailException(f"job {self.job} was not updated: {outcome}; {summary}")

@@ -417,6 +417,7 @@ def test_a_zero_downtime_roll_through_the_scheduler_moves_the_job_once_through_i
     # the registry's clock against the checkpoints' (2 s)
     assert gap is not None and down is not None and gap >= down - 2.0, recorded
     assert gap <= 2 * trigger_seconds, recorded  # issue 27's freshness bound
+    assert recorded[0]["usual_gap_seconds"] is not None, recorded  # its baseline, from the old run's checkpoint
     levels = [(e.details["at"], e.details["how"]) for e in audit.find(stack.settings.database_url, job="clicks_zd")
               if e.action == "job.follow.level" and e.details["run"] == made[0].to_run]
     assert levels, "the follower that took over never recorded where it was level"

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from changeover.runtime import checkpoints
 
 AROUND = 3  # the new run's first batches, from the cut-over's on
+USUAL_OF = 10  # the old run's last batches, for the gap it usually had
 
 
 def arrivals(stage: Path, batch: int) -> list[float] | None:
@@ -55,6 +58,14 @@ def _committed_at(stage: Path, batch: int) -> float | None:
         return None
 
 
+def _gaps(stage: Path, batch: int) -> list[float] | None:
+    """The arrival-to-commit gap of each file batch `batch` of a stage read; None when it has not committed or the
+    checkpoint no longer says which files it read."""
+    committed = _committed_at(stage, batch)
+    read = arrivals(stage, batch) if committed is not None else None
+    return None if committed is None or read is None else [committed - arrived for arrived in read]
+
+
 def largest_gap(before: Path, after: Path, around: int = AROUND) -> float | None:
     """The largest arrival-to-commit gap of the files read by the first `around` batches of the run that took a stage
     over (`after`) from the run that gave it up (checkpoint `before`): every file that arrived after the old run
@@ -65,22 +76,41 @@ def largest_gap(before: Path, after: Path, around: int = AROUND) -> float | None
     if last is None:
         return None
     gaps: list[float] = []
-    batches = [(after, b) for b in range(last + 1, last + around + 1)]
-    for stage, batch in batches:
-        committed = _committed_at(stage, batch)
-        read = arrivals(stage, batch) if committed is not None else None
-        if read is None and stage == after and batch == last + 1:
+    for batch in range(last + 1, last + around + 1):
+        found = _gaps(after, batch)
+        if found is None and batch == last + 1:
             return None  # the cut-over's own batch is what the figure is about: without it, no figure
-        if committed is not None and read:
-            gaps += [committed - arrived for arrived in read]
-    return max(gaps) if gaps else None
+        gaps += found or []
+    return max(gaps, default=None)
+
+
+def usual_gap(before: Path, batches: int = USUAL_OF) -> float | None:
+    """The baseline a move's gap compares with: the median, over the old run's last `batches` batches, of each
+    batch's largest gap. A median, so that one stall of the job before the move (the old run's own) does not make a
+    slow cut-over look usual. None without file input."""
+    last = checkpoints.last_commit(before)
+    if last is None:
+        return None
+    largest = sorted(max(found) for batch in range(max(last - batches + 1, 0), last + 1)
+                     if (found := _gaps(before, batch)))
+    return statistics.median(largest) if largest else None
 
 
 def of_move(before_root: str | None, after_root: str | None) -> float | None:
     """The largest gap over a job's stages, for a move from one run's checkpoint root to another's."""
+    return _over_stages(before_root, after_root, largest_gap)
+
+
+def usual_before_move(before_root: str | None, after_root: str | None) -> float | None:
+    """The old run's usual gap (`usual_gap`) before a move, its slowest stage's among those the new run has."""
+    return _over_stages(before_root, after_root, lambda before, _after: usual_gap(before))
+
+
+def _over_stages(before_root: str | None, after_root: str | None,
+                 measure: Callable[[Path, Path], float | None]) -> float | None:
+    """The largest of `measure(old stage checkpoint, new stage checkpoint)` over the new run's stages."""
     if not before_root or not after_root:
         return None
-    stages = checkpoints.stage_names(Path(after_root))
-    found = [gap for stage in stages
-             if (gap := largest_gap(Path(before_root) / stage, Path(after_root) / stage)) is not None]
+    found = [gap for stage in checkpoints.stage_names(Path(after_root))
+             if (gap := measure(Path(before_root) / stage, Path(after_root) / stage)) is not None]
     return max(found) if found else None

@@ -39,6 +39,11 @@ class Move:
         when asked, not for every listing of moves."""
         return freshness.of_move(*self.roots)
 
+    @cached_property
+    def usual_freshness(self) -> float | None:
+        """Its baseline: the old run's usual largest gap a batch before the move (`freshness.usual_gap`)."""
+        return freshness.usual_before_move(*self.roots)
+
     @property
     def kind(self) -> str:
         return "zero-downtime" if self.zero_downtime else "warm" if self.warm else "cold"
@@ -47,6 +52,8 @@ class Move:
         how = (f"downtime {self.downtime:.1f} s (last commit of run {self.from_run} to first commit of run "
                f"{self.to_run})" if self.downtime is not None else f"run {self.to_run} has not committed yet")
         fresh = f", an input file's largest wait for the sink {self.freshness:.1f} s" if self.freshness else ""
+        if fresh and self.usual_freshness:
+            fresh += f" (before it, usually {self.usual_freshness:.1f} s a batch)"
         return f"{self.job} moved {self.from_version} -> {self.to_version} ({self.kind}): {how}{fresh}"
 
 
@@ -79,4 +86,4 @@ def record(settings: Settings, moves: list[Move], upgrade_key: str | None = None
             if (move.job, move.to_run) not in recorded:
                 audit.record(s, "job.move.freshness", "job", move.job, upgrade=upgrade_key, from_run=move.from_run,
                              to_run=move.to_run, move=move.kind, downtime_seconds=move.downtime,
-                             largest_gap_seconds=move.freshness)
+                             largest_gap_seconds=move.freshness, usual_gap_seconds=move.usual_freshness)
