@@ -50,11 +50,27 @@ def test_the_largest_wait_around_a_move_is_the_file_that_arrived_as_the_old_run_
     assert freshness.largest_gap(before, after) == pytest.approx(2.5, abs=0.01)  # the file of T0 + 3.5
     assert freshness.of_move(str(tmp_path / "old"), str(tmp_path / "new")) == pytest.approx(2.5, abs=0.01)
     assert freshness.arrivals(after, 4) == [pytest.approx(T0 + 3.5), pytest.approx(T0 + 4.5), pytest.approx(T0 + 5.5)]
-    # the baseline it is read against: the old run's usual batch, its stall set aside (a median of 1.2, 1.2, 9, 1.2)
-    assert freshness.usual_gap(before) == pytest.approx(1.2, abs=0.01)
-    assert freshness.usual_before_move(str(tmp_path / "old"), str(tmp_path / "new")) == pytest.approx(1.2, abs=0.01)
-    assert freshness.usual_gap(before, batches=1) == pytest.approx(1.2, abs=0.01)  # its last batch only, batch 3
-    assert freshness.usual_gap(before, batches=2) == pytest.approx(5.1, abs=0.01)  # batches 2 and 3
+
+
+def test_a_moves_baseline_is_the_old_runs_usual_batch_of_its_own(tmp_path: Path) -> None:
+    """The old run's checkpoint begins with batches it did not run (a restored savepoint's, or its replays as a
+    follower), then the first batches of its own carry the move that brought the job to it: neither is its usual."""
+    old = tmp_path / "old" / "counts"
+    for n in range(3):  # restored: committed before the run began
+        batch(old, n, n, {n: T0 + n}, T0 + n + 1.0)
+    since = T0 + 100.0  # its first commit as the job's run
+    for n in range(3, 10):  # its own, a commit every 2 s: the first three waited out a move, then one stall
+        committed = since + 2 * (n - 3)
+        batch(old, n, n, {n: committed - (8.0 if n < 6 else 9.0 if n == 8 else 1.5)}, committed)
+    assert freshness.usual_gap(old, since) == pytest.approx(1.5, abs=0.01)  # 6 to 9, the stall among them
+    assert freshness.usual_gap(old, since, batches=3) == pytest.approx(1.5, abs=0.01)  # 7, 8 and 9
+    assert freshness.usual_gap(old, since, batches=2) is None  # too few to go by
+    assert freshness.usual_gap(old, T0) == pytest.approx(8.0, abs=0.01)  # not told which are its own: the move's
+    assert freshness.usual_gap(old, since + 8.0) is None  # 7 to 9 its own: none left once the first 3 are set aside
+    (tmp_path / "new" / "counts").mkdir(parents=True)
+    assert freshness.usual_before_move(str(tmp_path / "old"), str(tmp_path / "new"), since) == pytest.approx(1.5,
+                                                                                                           abs=0.01)
+    assert freshness.usual_before_move(str(tmp_path / "old"), str(tmp_path / "new"), None) is None
 
 
 def test_a_move_of_a_stage_without_file_input_has_no_freshness(tmp_path: Path) -> None:
@@ -68,7 +84,7 @@ def test_a_move_of_a_stage_without_file_input_has_no_freshness(tmp_path: Path) -
     assert freshness.largest_gap(tmp_path / "old" / "rates", tmp_path / "new" / "rates") is None
     assert freshness.of_move(str(tmp_path / "old"), str(tmp_path / "new")) is None
     assert freshness.of_move(None, str(tmp_path / "new")) is None
-    assert freshness.usual_before_move(str(tmp_path / "old"), str(tmp_path / "new")) is None
+    assert freshness.usual_before_move(str(tmp_path / "old"), str(tmp_path / "new"), T0) is None
 
 
 def test_an_entry_spark_compacted_away_is_read_from_the_compaction_and_a_purged_batch_gives_no_figure(

@@ -792,28 +792,33 @@ def test_a_driver_whose_cut_over_ends_before_the_park_starts_nothing_and_follows
 
 class _FollowerOfOtherStages:
     """Stands in for a follower whose new code dropped a stage its checkpoint holds (`Driver.await_handoff`), so it
-    cannot prime in the job's queries: records each step's view of the predecessor and of the standby's turn, and
-    has the job handed over once it has replayed `batches` steps."""
+    cannot prime in the job's queries. Each step records the standby's turn, whether it may replay the batch its
+    predecessor runs, and the progress its row shows; after `batches` replays the predecessor parks and the job is
+    handed over, and `finish` replays one more batch."""
 
-    def __init__(self, settings: Settings, standby: int, old: int, root: Path, batches: int) -> None:
-        self.settings, self.standby, self.old, self.root, self.left = settings, standby, old, root, batches
-        self.steps: list[tuple[str, bool]] = []
-        self.finished = False
+    def __init__(self, settings: Settings, standby: int, old: int, root: Path, batches: int, at: int) -> None:
+        self.settings, self.standby, self.old, self.root = settings, standby, old, root
+        self.left, self.at = batches, at
+        self.steps: list[tuple[str, bool, dict[str, int]]] = []
 
     def step(self, through: dict[str, int] | None = None, running_too: Any = lambda: True) -> bool:
-        self.steps.append((lease.standby_turn(self.settings.database_url, "clicks", self.standby), running_too()))
+        with session_scope(self.settings.database_url) as s:
+            shown = dict(s.get(JobRun, self.standby).progress)
+        self.steps.append((lease.standby_turn(self.settings.database_url, "clicks", self.standby), running_too(),
+                           shown))
         if self.left:
             self.left -= 1
+            self.at += 1
             return True
-        lease.park(self.settings.database_url, "clicks", self.old, {"totals": 4, "windows": 4}, seconds=3600)
+        lease.park(self.settings.database_url, "clicks", self.old, {"totals": self.at, "windows": self.at}, 3600)
         assert warm.hand_over(self.settings, "clicks", self.standby, self.old, 1, self.root, "zero-downtime-x")
         return False
 
     def committed(self) -> dict[str, int | None]:
-        return {"totals": 4}
+        return {"totals": self.at}
 
     def finish(self, replayed: Any = lambda: None) -> dict[str, int | None]:
-        self.finished = True
+        self.at += 1
         return self.committed()
 
 
@@ -821,26 +826,28 @@ def test_a_follower_that_cannot_prime_replays_committed_batches_through_the_cut_
         settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its new code has no stage `windows`, which its checkpoint holds: its queries can start only once it is handed
     the job (`run_streaming` decides its stages then). Until then it goes on replaying what the predecessor has
-    committed, never the batch it runs, so there is less to replay after the hand-over. Spark's parts stand in."""
+    committed, never the batch it runs, and says how far it got, so there is less to replay after the hand-over.
+    Spark's parts stand in."""
     from changeover.runtime import driver
 
     old = _job_with_running_run(settings, desired="MOVE")
     root = tmp_path / "own"
     for stage in ("totals", "windows"):
         (root / stage).mkdir(parents=True)
-    standby = _follower(settings, old, root)
+    standby = _follower(settings, old, root, caught_up_to=2)
     with session_scope(settings.database_url) as s:
         s.get(JobRun, old).checkpoint_root = str(tmp_path / "leader")
-    lease.announce_last_batch(settings.database_url, old, {"totals": 4, "windows": 4})
-    follower = _FollowerOfOtherStages(settings, standby, old, root, batches=2)
+    lease.announce_last_batch(settings.database_url, old, {"totals": 5, "windows": 5})
+    follower = _FollowerOfOtherStages(settings, standby, old, root, batches=2, at=2)
     monkeypatch.setattr(driver, "Follower", lambda *_args: follower)
     monkeypatch.setattr(driver, "warm_up", lambda _spark, _seconds: True)
     monkeypatch.setattr(driver, "STANDBY_WAIT_SECONDS", 10.0)  # the old loop waited idle: it ends, not hangs
     handed = driver.Driver(settings, "clicks", standby).await_handoff(None, [SimpleNamespace(name="totals")])
     assert handed is not None and handed.root == root and handed.queries is None
-    assert follower.steps == [("cut_over", False)] * 3 and follower.finished
+    assert follower.steps == [("cut_over", False, {"totals": 2}), ("cut_over", False, {"totals": 3}),
+                              ("cut_over", False, {"totals": 4})]
     with session_scope(settings.database_url) as s:
-        assert s.get(JobRun, standby).progress == {"totals": 4}  # each replay reported, for the orchestrator
+        assert s.get(JobRun, standby).progress == {"totals": 5}  # where `finish` brought it after the hand-over
 
 
 def test_a_follower_sees_its_predecessor_asked_to_move_only_while_it_is_the_jobs_run(settings: Settings,

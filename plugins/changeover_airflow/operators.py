@@ -699,9 +699,13 @@ class UpdateSummaryOperator(ChangeoverOperator):
         resumed = ti.xcom_pull(task_ids="resume") or {}
         took = [m for m in move_history.of(settings, str(self.job)) if m.to_run == resumed.get("run")]
         if took and took[-1].zero_downtime:  # its follower's cut-over: how long an input file waited for the sink
-            move_history.record(settings, took[-1:])
-            summary.update(strategy="zero_downtime", largest_gap_seconds=took[-1].freshness,
-                           usual_gap_seconds=took[-1].usual_freshness)
+            summary.update(strategy="zero_downtime")
+            try:
+                move_history.record(settings, took[-1:])
+                summary.update(largest_gap_seconds=took[-1].freshness, usual_gap_seconds=took[-1].usual_freshness)
+            except Exception as exc:  # noqa: BLE001 - a figure the checkpoints cannot give never fails an update
+                self.log.warning("update of job %s: its freshness was not measured: %s", self.job, exc)
+                summary.update(largest_gap_seconds=f"not measured: {exc}")
         self.log.info("update of job %s: %s", self.job, summary)
         if outcome != "updated":
             raise AirflowFailException(f"job {self.job} was not updated: {outcome}; {summary}")

@@ -20,6 +20,7 @@ from changeover.runtime import checkpoints
 
 AROUND = 3  # the new run's first batches, from the cut-over's on
 USUAL_OF = 10  # the old run's last batches, for the gap it usually had
+USUAL_AT_LEAST = 3  # batches with file input among them, for a figure
 
 
 def arrivals(stage: Path, batch: int) -> list[float] | None:
@@ -84,16 +85,20 @@ def largest_gap(before: Path, after: Path, around: int = AROUND) -> float | None
     return max(gaps, default=None)
 
 
-def usual_gap(before: Path, batches: int = USUAL_OF) -> float | None:
-    """The baseline a move's gap compares with: the median, over the old run's last `batches` batches, of each
-    batch's largest gap. A median, so that one stall of the job before the move (the old run's own) does not make a
-    slow cut-over look usual. None without file input."""
-    last = checkpoints.last_commit(before)
-    if last is None:
-        return None
-    largest = sorted(max(found) for batch in range(max(last - batches + 1, 0), last + 1)
-                     if (found := _gaps(before, batch)))
-    return statistics.median(largest) if largest else None
+def usual_gap(before: Path, since: float, batches: int = USUAL_OF) -> float | None:
+    """The baseline a move's gap compares with: the median, over the old run's last `batches` batches of its own, of
+    each batch's largest gap. Its own: committed since `since` (its first commit as the job's run; the batches before
+    are a restored savepoint's or a follower's replays), less the first AROUND, which carry the move that brought the
+    job to it. A median, so that one stall of the job before the move does not make a slow cut-over look usual. None
+    without file input, or with fewer than USUAL_AT_LEAST such batches to go by."""
+    own: list[int] = []
+    batch = checkpoints.last_commit(before)
+    while batch is not None and batch >= 0 and (committed := _committed_at(before, batch)) is not None \
+            and committed >= since:
+        own.append(batch)
+        batch -= 1
+    largest = [max(found) for batch in own[:-AROUND][:batches] if (found := _gaps(before, batch))]
+    return statistics.median(largest) if len(largest) >= USUAL_AT_LEAST else None
 
 
 def of_move(before_root: str | None, after_root: str | None) -> float | None:
@@ -101,9 +106,12 @@ def of_move(before_root: str | None, after_root: str | None) -> float | None:
     return _over_stages(before_root, after_root, largest_gap)
 
 
-def usual_before_move(before_root: str | None, after_root: str | None) -> float | None:
-    """The old run's usual gap (`usual_gap`) before a move, its slowest stage's among those the new run has."""
-    return _over_stages(before_root, after_root, lambda before, _after: usual_gap(before))
+def usual_before_move(before_root: str | None, after_root: str | None, since: float | None) -> float | None:
+    """The old run's usual gap (`usual_gap`, its batches committed since `since`) before a move, its slowest stage's
+    among those the new run has."""
+    if since is None:
+        return None
+    return _over_stages(before_root, after_root, lambda before, _after: usual_gap(before, since))
 
 
 def _over_stages(before_root: str | None, after_root: str | None,

@@ -32,6 +32,7 @@ class Move:
     warm: bool  # the new run was a standby, started before the old one stopped
     zero_downtime: bool = False  # that standby followed the old run read-only before it took over
     roots: tuple[str | None, str | None] = (None, None)  # the two runs' checkpoint roots
+    from_first_commit: float | None = None  # when the old run first committed as the job's run (POSIX seconds)
 
     @cached_property
     def freshness(self) -> float | None:
@@ -41,8 +42,9 @@ class Move:
 
     @cached_property
     def usual_freshness(self) -> float | None:
-        """Its baseline: the old run's usual largest gap a batch before the move (`freshness.usual_gap`)."""
-        return freshness.usual_before_move(*self.roots)
+        """Its baseline: the old run's usual largest gap a batch before the move, over batches it ran itself
+        (`freshness.usual_gap`)."""
+        return freshness.usual_before_move(*self.roots, self.from_first_commit)
 
     @property
     def kind(self) -> str:
@@ -71,7 +73,8 @@ def of(settings: Settings, job: str, since: datetime | None = None) -> list[Move
                if before.last_commit_at and after.first_commit_at else None)
         found.append(Move(job, before.id, after.id, before.spark_version, after.spark_version, gap,
                           after.standby_of is not None, after.following_since is not None,
-                          (before.checkpoint_root, after.checkpoint_root)))
+                          (before.checkpoint_root, after.checkpoint_root),
+                          as_utc(before.first_commit_at).timestamp() if before.first_commit_at else None))
     return found
 
 
