@@ -850,6 +850,33 @@ def test_a_follower_that_cannot_prime_replays_committed_batches_through_the_cut_
         assert s.get(JobRun, standby).progress == {"totals": 5}  # where `finish` brought it after the hand-over
 
 
+def test_a_follower_whose_next_batch_its_predecessor_purged_ends_and_removes_its_checkpoint(
+        settings: Settings, tmp_path: Path) -> None:
+    """Spark purged the offsets of the batch the follower needs next (it fell further behind than
+    spark.sql.streaming.minBatchesToRetain): it cannot follow, so it ends by itself, having written nothing, and
+    removes its own checkpoint, which an abort that finds it ended would not. The job was never stopped for it."""
+    from changeover.runtime.driver import Driver
+    from changeover.runtime.follower import Follower
+
+    old = _job_with_running_run(settings)
+    leader, own = tmp_path / "leader", tmp_path / "own"
+    for n in range(6):
+        spark_batch(leader / "totals", n, n, {n: 1_800_000_000.0 + n}, 1_800_000_001.0 + n)
+    for n in range(3):
+        spark_batch(own / "totals", n, n, {n: 1_800_000_000.0 + n}, 1_800_000_001.0 + n)
+    (leader / "totals" / "offsets" / "3").unlink()
+    standby = _follower(settings, old, own, caught_up_to=2)
+    driver = Driver(settings, "clicks", standby)
+    follower = Follower(None, [SimpleNamespace(name="totals")], own, leader, driver._leader_stopped)  # type: ignore[list-item]
+    assert not driver._follow(follower)
+    assert not own.exists() and (leader / "totals" / "commits" / "5").exists()
+    with session_scope(settings.database_url) as s:
+        row, job = s.get(JobRun, standby), s.get(Job, "clicks")
+        assert row.state == "STOPPED" and "no longer holds that batch's offsets" in row.error
+        assert job.current_run_id == old and s.get(JobRun, old).ended_at is None
+    assert lease.standby_turn(settings.database_url, "clicks", standby) == "dismissed"
+
+
 def test_a_follower_sees_its_predecessor_asked_to_move_only_while_it_is_the_jobs_run(settings: Settings,
                                                                                     tmp_path: Path) -> None:
     """While the predecessor is asked to move, its follower replays only committed batches (`Driver._follow`): the
@@ -967,6 +994,10 @@ class _WindowsCommitsLate(_QueriesInOrder):
         self.replayed.append(self.replay(stage, ReplayedFrame(), checkpoints.last_offsets(self.root / stage)))
         wait_for(lambda: self.stopped, 30, "its queries stopped")
 
+    def stop_now(self) -> list[str]:
+        self.committed_at_stop = self.committed()
+        return super().stop_now()
+
 
 def test_a_driver_whose_cut_over_ends_after_a_stage_committed_the_last_batch_ends_rather_than_follows_on(
         settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -976,6 +1007,7 @@ def test_a_driver_whose_cut_over_ends_after_a_stage_committed_the_last_batch_end
     from changeover.runtime import driver
     from changeover.runtime.follower import Follower
 
+    _QueriesInOrder.made = []
     monkeypatch.setattr(driver, "StageQueries", _WindowsCommitsLate)
     monkeypatch.setattr(driver, "PRIME_CHECK_SECONDS", 0.0)
     old, leader, own = _short_of_the_last_batch(settings, tmp_path, stages=("totals", "windows"))
@@ -984,13 +1016,13 @@ def test_a_driver_whose_cut_over_ends_after_a_stage_committed_the_last_batch_end
     follower = Follower(None, [SimpleNamespace(name="totals"), SimpleNamespace(name="windows")], own, leader,  # type: ignore[list-item]
                         moving._leader_stopped)
     assert moving._prime(follower, []) is None  # type: ignore[arg-type]
-    assert {stage: checkpoints.last_commit(own / stage) for stage in ("totals", "windows")} == {"totals": 3,
-                                                                                              "windows": 2}
+    assert _QueriesInOrder.made[0].committed_at_stop == {"totals": 3, "windows": 2}
     with session_scope(settings.database_url) as s:
         row = s.get(JobRun, standby)
         assert row.state == "STOPPED" and row.ended_at is not None, row.error
         assert "had committed its predecessor's last batch" in row.error
     assert lease.standby_turn(settings.database_url, "clicks", standby) == "dismissed"
+    assert not own.exists()  # it may hold a batch its queries planned alone: nobody can follow on from it
 
 
 @pytest.mark.parametrize("handed", [False, True], ids=["taken-back", "handed-meanwhile"])

@@ -355,8 +355,7 @@ class Driver:
             except Superseded:
                 why = "the parked run took its job back while it caught up: it ends, having written nothing"
                 log.warning("job %s run %s: %s", self.job, self.run_id, why)
-                if patiently(partial(lease.end_standby, self.url, self.job, self.run_id, why), self.registry):
-                    shutil.rmtree(follower.root, ignore_errors=True)  # its queries are stopped; nobody else's
+                self._end_follower(follower, why)
                 return None
             patiently(partial(lease.report_following, self.url, self.run_id, at), self.registry)  # see `fence`
             log.info("job %s run %s: handed the job, caught up to %s in %.2f s", self.job, self.run_id, at,
@@ -395,7 +394,7 @@ class Driver:
                      self.job, self.run_id)
             return None
         except CannotFollow as exc:
-            patiently(partial(lease.end_standby, self.url, self.job, self.run_id, str(exc)), self.registry)
+            self._end_follower(follower, str(exc))
             return None
         # its first write must come from the batch the predecessor parked at (`fence`): said before any write
         patiently(partial(lease.report_following, self.url, self.run_id, at), self.registry)
@@ -500,6 +499,13 @@ class Driver:
         shutil.rmtree(follower.root, ignore_errors=True)  # its queries are stopped; nobody else's
         return None
 
+    def _end_follower(self, follower: Follower, why: str) -> None:
+        """A follower that leaves by itself, having written nothing and with none of its queries running: ended, then
+        its checkpoint removed (nobody else's; an abort that finds it ended removes nothing). Handed the job or ended
+        meanwhile, it keeps it."""
+        if patiently(partial(lease.end_standby, self.url, self.job, self.run_id, why), self.registry):
+            shutil.rmtree(follower.root, ignore_errors=True)
+
     def _leader_stopped(self) -> bool:
         return patiently(partial(lease.predecessor_stopped, self.url, self.run_id), self.registry)
 
@@ -519,7 +525,7 @@ class Driver:
         try:
             replayed = follower.step(running_too=not_moving)
         except CannotFollow as exc:
-            patiently(partial(lease.end_standby, self.url, self.job, self.run_id, str(exc)), self.registry)
+            self._end_follower(follower, str(exc))
             return False
         if replayed:
             patiently(partial(lease.report_following, self.url, self.run_id, follower.committed()), self.registry)
