@@ -118,6 +118,9 @@ def test_lag_and_replays_count_commits_not_offsets(tmp_path: Path) -> None:
     assert lag(leader, follower, ["idle"]) == {"idle": 0}  # a stage neither has committed
     assert replayed_since(follower, ["counts"], T0 + 50) == {"counts": 1}
     assert checkpoints.last_commit(follower / "counts") == 3
+    # a follower that ended itself removed its checkpoint: the orchestrator's look finds it far behind, not an error
+    assert replayed_since(tmp_path / "removed", ["counts"], T0 + 50) == {"counts": 0}
+    assert lag(leader, tmp_path / "removed", ["counts"]) == {"counts": 6}
 
 
 def test_a_move_strategy_must_be_one_changeover_knows() -> None:

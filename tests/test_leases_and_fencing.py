@@ -850,15 +850,17 @@ def test_a_follower_that_cannot_prime_replays_committed_batches_through_the_cut_
         assert s.get(JobRun, standby).progress == {"totals": 5}  # where `finish` brought it after the hand-over
 
 
+@pytest.mark.parametrize("handed", [False, True], ids=["following", "handed-meanwhile"])
 def test_a_follower_whose_next_batch_its_predecessor_purged_ends_and_removes_its_checkpoint(
-        settings: Settings, tmp_path: Path) -> None:
+        settings: Settings, tmp_path: Path, handed: bool) -> None:
     """Spark purged the offsets of the batch the follower needs next (it fell further behind than
     spark.sql.streaming.minBatchesToRetain): it cannot follow, so it ends by itself, having written nothing, and
-    removes its own checkpoint, which an abort that finds it ended would not. The job was never stopped for it."""
+    removes its own checkpoint, which an abort that finds it ended would not. The job was never stopped for it.
+    Handed the job a moment before, it is the job's run: it is not ended, and its checkpoint stays."""
     from changeover.runtime.driver import Driver
     from changeover.runtime.follower import Follower
 
-    old = _job_with_running_run(settings)
+    old = _job_with_parked_run(settings, lease_left=3600) if handed else _job_with_running_run(settings)
     leader, own = tmp_path / "leader", tmp_path / "own"
     for n in range(6):
         spark_batch(leader / "totals", n, n, {n: 1_800_000_000.0 + n}, 1_800_000_001.0 + n)
@@ -866,15 +868,20 @@ def test_a_follower_whose_next_batch_its_predecessor_purged_ends_and_removes_its
         spark_batch(own / "totals", n, n, {n: 1_800_000_000.0 + n}, 1_800_000_001.0 + n)
     (leader / "totals" / "offsets" / "3").unlink()
     standby = _follower(settings, old, own, caught_up_to=2)
+    if handed:
+        assert warm.hand_over(settings, "clicks", standby, old, 1, own, "zero-downtime-x")
     driver = Driver(settings, "clicks", standby)
     follower = Follower(None, [SimpleNamespace(name="totals")], own, leader, driver._leader_stopped)  # type: ignore[list-item]
     assert not driver._follow(follower)
-    assert not own.exists() and (leader / "totals" / "commits" / "5").exists()
+    assert own.exists() == handed and (leader / "totals" / "commits" / "5").exists()
     with session_scope(settings.database_url) as s:
         row, job = s.get(JobRun, standby), s.get(Job, "clicks")
-        assert row.state == "STOPPED" and "no longer holds that batch's offsets" in row.error
-        assert job.current_run_id == old and s.get(JobRun, old).ended_at is None
-    assert lease.standby_turn(settings.database_url, "clicks", standby) == "dismissed"
+        if handed:
+            assert (row.state, row.ended_at, job.current_run_id) == ("RUNNING", None, standby)
+        else:
+            assert row.state == "STOPPED" and "no longer holds that batch's offsets" in row.error
+            assert job.current_run_id == old and s.get(JobRun, old).ended_at is None
+    assert lease.standby_turn(settings.database_url, "clicks", standby) == ("start" if handed else "dismissed")
 
 
 def test_a_follower_sees_its_predecessor_asked_to_move_only_while_it_is_the_jobs_run(settings: Settings,

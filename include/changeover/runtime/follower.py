@@ -81,7 +81,10 @@ def replayed_since(root: Path, stages: list[str], since: float) -> dict[str, int
             return False
 
     def count(commits: Path) -> int:
-        return sum(1 for p in commits.iterdir() if p.name.isdigit() and written_since(p)) if commits.is_dir() else 0
+        try:
+            return sum(1 for p in commits.iterdir() if p.name.isdigit() and written_since(p))
+        except FileNotFoundError:  # none yet, or removed by a follower that ended itself
+            return 0
     return {stage: count(root / stage / "commits") for stage in stages}
 
 
