@@ -91,10 +91,10 @@ def usual_gap(before: Path, since: float, batches: int = USUAL_OF) -> float | No
     are a restored savepoint's or a follower's replays), less the first AROUND, which carry the move that brought the
     job to it. A median, so that one stall of the job before the move does not make a slow cut-over look usual. None
     without file input, or with fewer than USUAL_AT_LEAST such batches to go by."""
-    own: list[int] = []
+    own: list[int] = []  # newest first; past `batches + AROUND` of them the first AROUND are not among the last
     batch = checkpoints.last_commit(before)
-    while batch is not None and batch >= 0 and (committed := _committed_at(before, batch)) is not None \
-            and committed >= since:
+    while len(own) < batches + AROUND and batch is not None and batch >= 0 \
+            and (committed := _committed_at(before, batch)) is not None and committed >= since:
         own.append(batch)
         batch -= 1
     largest = [max(found) for batch in own[:-AROUND][:batches] if (found := _gaps(before, batch))]
