@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, Param
 from changeover_airflow.approval import PlanApprovalOperator
-from changeover_airflow.chains import REQUIRE_APPROVAL
+from changeover_airflow.chains import APPROVAL_RETRIES, REQUIRE_APPROVAL
 from changeover_airflow.operators import (
     CompatibilityCheckOperator,
     ResumeWithCodeOperator,
@@ -64,7 +64,7 @@ with DAG(
         allow_non_restored_state="{{ params.allow_non_restored_state }}", state_partitions=PARTITIONS)
     approval = PlanApprovalOperator(task_id="approval", require_approval="{{ params.require_approval }}",
                                     subject="Approve the update of job {{ params.job }}?", plan_task_id="check",
-                                    upgrade_step=False, retries=0)
+                                    upgrade_step=False, **APPROVAL_RETRIES)
     stop = UpdateStopOperator(task_id="stop", job=JOB, savepoint_name=f"update-{RUN}", strategy=STRATEGY,
                               rename_stages=RENAMES, allow_non_restored_state="{{ params.allow_non_restored_state }}",
                               state_partitions=PARTITIONS)

@@ -21,8 +21,8 @@ class PlanApprovalOperator(ApprovalOperator):
     run goes on; rejected, the tasks after it are skipped, and the run's last task ends it as rejected, with nothing
     drained or stopped. Unanswered within `response_timeout` (24 h: the preflight holds the upgrade lock meanwhile)
     the plan counts as rejected. The answer, who gave it (nobody, on a timeout) and the plan it answered are in the
-    audit trail (`*.approval`). A cleared task asks again; Airflow keeps showing the first try's text, so the plan
-    the answer applies to is the one logged, and recorded, by the try that got it."""
+    audit trail (`*.approval`). A cleared or retried task asks again; Airflow keeps showing the first try's text, so
+    the plan the answer applies to is the one logged, and recorded, by the try that got it."""
 
     template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "require_approval", "changeover_conn_id")
 
@@ -47,6 +47,9 @@ class PlanApprovalOperator(ApprovalOperator):
                                "", "Approve to go ahead; reject to end the run with nothing drained or stopped."])
         for line in plan:
             self.log.info("%s", line)
+        if context["ti"].try_number > 1:
+            self.log.warning("try %s asks again: an earlier try's answer did not reach the run (the task was cleared, "
+                             "or Airflow failed it as it resumed: see its scheduler log)", context["ti"].try_number)
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:

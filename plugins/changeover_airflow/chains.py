@@ -24,6 +24,10 @@ from changeover_airflow.operators import (
 # Every task picks up where the last try was, so retries are cheap; enough of them to outlast spurious
 # retries from the scheduler's deferral race.
 UPGRADE_DEFAULT_ARGS: dict[str, Any] = {"retries": 6, "retry_delay": timedelta(seconds=10)}
+# An approval's retry asks the person again. Airflow 3.3 can fail a task answered within seconds of asking (the
+# asking try's late exit report overrides the resumed state, as in its deferral race): the next try asks again
+# rather than the run failing.
+APPROVAL_RETRIES: dict[str, Any] = {"retries": 2, "retry_delay": timedelta(seconds=5)}
 
 
 REQUIRE_APPROVAL = Param(False, type="boolean", description="Before anything is drained or stopped, show the plan in "
@@ -79,7 +83,7 @@ def upgrade_chain(
                                    **conn),
         PlanApprovalOperator(task_id="approval", require_approval="{{ params.require_approval }}", upgrade_step=True,
                              subject="Approve the rolling upgrade to Spark {{ params.target_version }}?",
-                             plan_task_id="preflight", retries=0, **conn),
+                             plan_task_id="preflight", **APPROVAL_RETRIES, **conn),
         RollingUpgradeOperator(task_id="roll", shutdown_timeout="{{ params.shutdown_timeout }}", window=window,
                                drain_needs_seconds=drain_needs_seconds, surge="{{ params.surge }}",
                                move_strategy="{{ params.move_strategy }}",
