@@ -94,6 +94,8 @@ def test_a_member_whose_host_does_not_answer_is_refused_before_anything_drains(
         assert {m.status for m in s.scalars(select(Member))} == {"ACTIVE"}
 
 
+@pytest.mark.soak  # 80-130 s; make test keeps a host that does not answer refused before anything drains (above), and
+# an abort that fails where it cannot reach, then succeeds (tests/faults/test_control_plane.py)
 def test_a_host_lost_mid_upgrade_stops_the_roll_and_an_abort_brings_back_what_it_can_reach(
     platform: Platform, settings: Settings
 ) -> None:

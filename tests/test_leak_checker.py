@@ -23,7 +23,7 @@ from changeover.registry.db import session_scope
 from changeover.registry.models import Event, Job, JobRun, LightJob, Savepoint, utcnow
 from changeover.runtime.sinks import files
 from changeover.settings import Settings
-from conftest import ONE_REGISTRY, drivers_of
+from conftest import ONE_REGISTRY, TRIGGER, drivers_of
 from fake_fleet import FakeFleet
 from sqlalchemy import select
 
@@ -382,7 +382,8 @@ def test_a_real_driver_the_registry_lost_and_a_half_written_savepoint_are_cleane
     generator = Generator(tmp_path / "landing")
     generator.write_file()
     try:
-        jobs.submit(settings, cluster, "jobs.clicks", "forgotten", options={"landing": str(generator.landing)})
+        jobs.submit(settings, cluster, "jobs.clicks", "forgotten",
+                    options={"landing": str(generator.landing), "trigger": TRIGGER})
         run = jobs.wait_until_committed(settings, cluster, "forgotten")
         assert run.submission_id and drivers_of("forgotten", run.id)
         with session_scope(settings.database_url) as s:

@@ -24,7 +24,7 @@ from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, Savepoint, SinkLedger
 from changeover.settings import Settings
-from conftest import ONE_REGISTRY, registry_settings
+from conftest import ONE_REGISTRY, TRIGGER, registry_settings
 from jobs import clicks
 from sqlalchemy import func, select
 
@@ -41,7 +41,7 @@ class Live:
         submit = {k: options.pop(k) for k in ("rename_stages", "allow_non_restored_state", "rewind_sink")
                   if k in options}
         return jobs.submit(self.settings, self.cluster, "jobs.clicks", job,
-                           options={"landing": str(self.generator.landing), **options},
+                           options={"landing": str(self.generator.landing), "trigger": TRIGGER, **options},
                            from_savepoint=savepoint, **submit)
 
     def batch(self, job: str, stage: str = "totals") -> int:

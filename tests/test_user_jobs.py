@@ -31,7 +31,7 @@ from changeover.runtime.sinks.files import LOG, log_entries
 from changeover.settings import Settings
 from changeover.upgrade import drain, relocate, warm
 from changeover.upgrade.zero_downtime import CatchUp
-from conftest import ONE_REGISTRY, feeding, registry_settings
+from conftest import ONE_REGISTRY, TRIGGER, feeding, registry_settings
 from guide_words import GUIDE_JOB, Words, parquet_counts
 from jobs import click_audit, click_joins, clicks
 from sqlalchemy import func, select
@@ -138,9 +138,9 @@ def test_a_join_into_a_keyed_table_and_a_foreach_batch_job_move_exact_and_surviv
     generator.start(interval=0.5)
     try:
         jobs.submit(live.settings, live.cluster, "jobs.click_joins", "joins",
-                    options={"landing": str(generator.landing)})
+                    options={"landing": str(generator.landing), "trigger": TRIGGER})
         jobs.submit(live.settings, live.cluster, "jobs.click_audit", "audit",
-                    options={"landing": str(generator.landing), "audit_url": audit_url})
+                    options={"landing": str(generator.landing), "audit_url": audit_url, "trigger": TRIGGER})
         for job in ("joins", "audit"):
             jobs.wait_until_committed(live.settings, live.cluster, job)
         for job in ("joins", "audit"):
@@ -169,7 +169,7 @@ def test_a_standby_killed_before_the_hand_over_leaves_the_job_running_and_the_mo
     generator = feeding(tmp_path / "landing")
     try:
         first = jobs.submit(live.settings, live.cluster, "jobs.clicks", "fallback",
-                            options={"landing": str(generator.landing)})
+                            options={"landing": str(generator.landing), "trigger": TRIGGER})
         jobs.wait_until_committed(live.settings, live.cluster, "fallback")
         assert not relocate.step(live.settings, live.cluster, "fallback", "4.3.0", reason="upgrade")
         standby = warm.standby_of(live.settings, live.cluster, first.id)

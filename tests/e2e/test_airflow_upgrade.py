@@ -32,7 +32,7 @@ from changeover.registry.schema import migrate
 from changeover.runtime import checkpoints, state_partitions
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from conftest import PG_ADMIN_URL, feeding, start_clicks
+from conftest import PG_ADMIN_URL, TRIGGER, feeding, start_clicks
 from guide_words import GUIDE_JOB, Words, parquet_counts
 from jobs import clicks
 from platform_hosts import Platform, available
@@ -49,7 +49,7 @@ CONF = {"target_version": "4.3.0", "members": ["m1", "m2", "m3"], "shutdown_time
 
 
 def _start_clicks(stack: Stack, name: str, lease: float = LEASE_SECONDS, wait: bool = True,
-                  trigger: str = "1 second") -> Generator:
+                  trigger: str = TRIGGER) -> Generator:
     generator = feeding(stack.settings.data_dir / f"landing-{name}")
     jobs.submit(stack.settings, stack.cluster, "jobs.clicks", name,
                 options={"landing": str(generator.landing), "lease_seconds": lease, "trigger": trigger})

@@ -29,7 +29,7 @@ from changeover.runtime.sinks import files
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import drain, lock, member_upgrade, recovery, relocate, roll
-from conftest import drivers_of, start_clicks
+from conftest import TRIGGER, drivers_of, start_clicks
 from jobs import clicks
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
@@ -159,7 +159,7 @@ def test_a_launch_whose_master_pauses_mid_submission_is_reconciled_or_ended_neve
     try:
         with pytest.raises(MasterUnreachable, match="did not answer within 10 s"):
             jobs.submit(settings, cluster, "jobs.clicks", "paused_launch",
-                        options={"landing": str(generator.landing), "lease_seconds": 60})
+                        options={"landing": str(generator.landing), "lease_seconds": 60, "trigger": TRIGGER})
         os.kill(master, signal.SIGCONT)
         monkeypatch.setattr(SparkMaster, "create", create)
         with session_scope(settings.database_url) as s:

@@ -29,7 +29,7 @@ from changeover.registry.models import JobRun, Member, Savepoint, SinkLedger
 from changeover.registry.schema import migrate
 from changeover.settings import Settings
 from changeover.upgrade import drain, lock, member_upgrade, relocate, roll, verify
-from conftest import drivers_of
+from conftest import TRIGGER, drivers_of
 from jobs import click_audit, clicks
 from pg_server import Server, own_server
 from sqlalchemy import func, select
@@ -135,7 +135,8 @@ def test_a_successor_killed_between_its_commit_in_the_users_database_and_the_reg
     generator.start(interval=0.5)
     try:
         jobs.submit(settings, cluster, "jobs.clicks", "killed_after_commit",
-                    options={"landing": str(generator.landing), "lease_seconds": 60, "sink_url": users_server.url})
+                    options={"landing": str(generator.landing), "lease_seconds": 60, "sink_url": users_server.url,
+                             "trigger": TRIGGER})
         faults.arm(settings, "keyed_table.committed.4.3.0", kill=True)
         _begin_roll_to_430(settings, cluster, "killed_after_commit", "elsewhere/1")
         _roll_until_done(settings, cluster, "elsewhere/1")
@@ -182,7 +183,8 @@ def test_the_registry_stopped_between_a_commit_in_the_users_database_and_its_rec
     watcher = threading.Thread(target=restart_the_registry_once_held, daemon=True)
     try:
         jobs.submit(settings, cluster, "jobs.clicks", "unrecorded",
-                    options={"landing": str(generator.landing), "lease_seconds": 60, "sink_url": users_server.url})
+                    options={"landing": str(generator.landing), "lease_seconds": 60, "sink_url": users_server.url,
+                             "trigger": TRIGGER})
         faults.arm(settings, point, hold=True)
         _begin_roll_to_430(settings, cluster, "unrecorded", "elsewhere/2")
         watcher.start()
@@ -236,7 +238,8 @@ def test_the_shipped_foreach_batch_example_goes_on_through_a_registry_restart_mi
     point = "foreach.delivered"
     try:
         first = jobs.submit(settings, cluster, "jobs.click_audit", "audited",
-                            options={"landing": str(generator.landing), "audit_url": users_server.url})
+                            options={"landing": str(generator.landing), "audit_url": users_server.url,
+                                     "trigger": TRIGGER})
         jobs.wait_until_committed(settings, cluster, "audited")
         faults.arm(settings, point, hold=True)
         wait_for(lambda: any(line.startswith(f"{point} hold") for line in faults.fired(settings)), 120,
@@ -263,7 +266,7 @@ def test_the_registry_restarted_mid_move_loses_nothing_and_the_roll_goes_on(
     generator.start(interval=0.5)
     try:
         jobs.submit(settings, cluster, "jobs.clicks", "restarted",
-                    options={"landing": str(generator.landing), "lease_seconds": 60})
+                    options={"landing": str(generator.landing), "lease_seconds": 60, "trigger": TRIGGER})
         first = jobs.wait_until_committed(settings, cluster, "restarted")
         other = next(m for m in ("r1", "r2") if m != first.member)
         lock.begin(settings, "restart/1", "4.3.0", {other: "4.2.0", first.member: "4.2.0"})
@@ -307,7 +310,7 @@ def test_a_parked_run_that_the_registry_refuses_gives_up_says_why_and_the_move_g
     generator.start(interval=0.5)
     try:
         first = jobs.submit(settings, cluster, "jobs.clicks", "refused",
-                            options={"landing": str(generator.landing), "lease_seconds": 600})
+                            options={"landing": str(generator.landing), "lease_seconds": 600, "trigger": TRIGGER})
         jobs.wait_until_committed(settings, cluster, "refused")
         savepoints.request_stop(settings, "refused", "a move the test begins", move=True)
 
@@ -374,7 +377,8 @@ def test_a_speculated_staging_task_lands_each_batch_once(
     generator.start(interval=0.5)
     try:
         first = jobs.submit(settings, cluster, "jobs.clicks", "speculated",
-                            options={"landing": str(generator.landing), "sink_url": users_server.url, "spark": spark})
+                            options={"landing": str(generator.landing), "sink_url": users_server.url, "spark": spark,
+                                     "trigger": TRIGGER})
         jobs.wait_until_committed(settings, cluster, "speculated")
         faults.arm(settings, "keyed_table.staged", delay=30)
         wait_for(lambda: faults.fired(settings), 120, "a staging task held up after it staged its rows")
