@@ -235,3 +235,22 @@ def test_a_trigger_interval_is_read_as_spark_writes_it() -> None:
     assert [interval_seconds(t) for t in ("1 second", "5 seconds", "500 milliseconds", "interval 2 minutes",
                                           "0 seconds", "2 days", "1.5 hours")] == [1, 5, 0.5, 120, 0, 172800, 5400]
     assert interval_seconds("every now and then") is None and interval_seconds("3 fortnights") is None
+
+
+@pytest.mark.parametrize(("took_ms", "after"), [(900, 7), (1000, 6), (1400, 6)], ids=["within", "whole", "over"])
+def test_a_followed_moves_stop_waits_past_the_running_batch_unless_batches_run_back_to_back(
+        tmp_path: Path, took_ms: int, after: int) -> None:
+    """Batch 7 planned, 6 committed, at a 1 s trigger (the demo's; the tests' jobs run at 2 s, so their batches
+    rarely fill it): where the last batches each took the whole interval the next is planned the moment one commits,
+    so the stop waits past the last commit; otherwise past the running batch, which is then the last the old run
+    writes. The query's progress is Spark's, as `recentProgress` gives it; no Spark runs here."""
+    stage = tmp_path / "totals"
+    for log, batches in (("offsets", (5, 6, 7)), ("commits", (5, 6))):
+        (stage / log).mkdir(parents=True)
+        for batch in batches:
+            (stage / log / str(batch)).write_text("v1\n{}\n")
+    queries = StageQueries([Stage("totals", None, None, "update", "1 second")], tmp_path, "sqlite://", "j", 1)
+    queries.queries["totals"] = type("Query", (), {"recentProgress": [
+        {"durationMs": {"triggerExecution": took_ms}, "numInputRows": 4}] * 3})()
+    assert queries._stop_after("totals", 6, fresh=True) == after
+    assert queries._stop_after("totals", 6, fresh=False) == 6  # without a follower, always the last commit

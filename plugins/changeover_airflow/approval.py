@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk.exceptions import AirflowFailException, DownstreamTasksSkipped
 from changeover import audit
 from changeover.registry.db import session_scope
 
@@ -47,10 +48,30 @@ class PlanApprovalOperator(ApprovalOperator):
                                "", "Approve to go ahead; reject to end the run with nothing drained or stopped."])
         for line in plan:
             self.log.info("%s", line)
-        if context["ti"].try_number > 1:
-            self.log.warning("try %s asks again: an earlier try's answer did not reach the run (the task was cleared, "
-                             "or Airflow failed it as it resumed: see its scheduler log)", context["ti"].try_number)
+        given = self._answer_given(context)
+        if given is not None:
+            self.log.warning("the answer %s was given to this task before Airflow failed the try it resumed (see the "
+                             "scheduler's log): taken, not asked again", given["chosen_options"])
+            return self.execute_complete(context, given)
         return super().execute(context)
+
+    def _answer_given(self, context: Any) -> dict[str, Any] | None:
+        """The answer this task instance already got, as the event its resumed try would have had; None if it was
+        never asked or not answered. Airflow 3.3 can fail a try resumed with its answer (the asking try's late exit
+        report overrides the resumed state): the retry keeps the task instance's id, its question and the answer, which
+        asking again would erase. A cleared task has a new id, and is asked again."""
+        from airflow.sdk.execution_time.hitl import get_hitl_detail_content_detail
+
+        try:
+            detail = get_hitl_detail_content_detail(context["ti"].id)
+        except Exception:  # noqa: BLE001 - none asked under this id: Airflow answers "not found", and the task asks
+            return None
+        if not getattr(detail, "response_received", False) or not detail.chosen_options:
+            return None
+        user = detail.responded_by_user
+        return {"chosen_options": detail.chosen_options, "params_input": detail.params_input or {},
+                "responded_at": detail.responded_at,
+                "responded_by_user": user.model_dump() if hasattr(user, "model_dump") else user}
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         timed_out = bool(event.get("timedout"))
@@ -70,6 +91,13 @@ class PlanApprovalOperator(ApprovalOperator):
         with session_scope(settings.database_url) as s:
             audit.record(s, f"{kind}.approval", subject_kind, what, outcome="approved" if approved else "rejected",
                          approver=person, answer=answer, plan=self._plan(context))
-        if not approved:  # before the parent's skip, which ends this call by raising Airflow's skip signal
-            context["ti"].xcom_push(key="rejected_by", value=person)
-        return super().execute_complete(context, event)
+        try:
+            if not approved:  # before the parent's skip, which ends this call by raising Airflow's skip signal
+                context["ti"].xcom_push(key="rejected_by", value=person)
+            return super().execute_complete(context, event)
+        except DownstreamTasksSkipped:
+            raise
+        except Exception as exc:
+            # the answer is on record: a retry would ask again, and could reverse it
+            raise AirflowFailException(f"the {answer} of {what} by {person} is on record, but taking it failed: {exc}. "
+                                       "Clear this task to ask again, or trigger a new run") from exc

@@ -192,23 +192,19 @@ def test_ui_triggered_rolling_upgrade_is_exact_and_audited(stack: Stack, members
 
 
 def _answer_approval(stack: Stack, dag_id: str, run_id: str, option: str, artifacts: Path) -> None:
-    """Answer the run's approval in the UI as a person does, once it asks. Airflow 3.3 can fail a task answered
-    within seconds of asking (the asking try's late exit report overrides its resumed state, as in its deferral
-    race; FIELD-NOTES): its next try asks again, and is answered again, as the person would."""
-    def approval() -> dict[str, Any]:
-        return next(t for t in stack.airflow.task_instances(dag_id, run_id) if t["task_id"] == "approval")
+    """Answer the run's approval in the UI once it asks, as a person does, and wait until the task has taken the
+    answer. Where Airflow 3.3 fails the try it resumed with the answer (the asking try's late exit report), the retry
+    takes the same answer rather than asking again (tests/test_approval_retries.py): one answer is enough."""
+    stack.airflow.await_question(dag_id, run_id, "approval")
+    browser.answer_in_ui(stack.airflow.url, "admin", stack.airflow.password, dag_id, run_id, "approval", option,
+                         artifacts)
 
-    for _ in range(3):
-        stack.airflow.await_question(dag_id, run_id, "approval")
-        asked = approval()["try_number"]
-        browser.answer_in_ui(stack.airflow.url, "admin", stack.airflow.password, dag_id, run_id, "approval", option,
-                             artifacts)
-        wait_for(lambda asked=asked: approval()["state"] in ("success", "skipped", "failed", "up_for_retry")
-                 or approval()["try_number"] > asked, 300, f"the approval of run {run_id} taking its answer")
-        if approval()["state"] in ("success", "skipped", "failed"):
-            return
-        print(f"the answer to try {asked} of run {run_id}'s approval was lost to Airflow's race: answering again")
-    raise AssertionError(f"run {run_id}'s approval took none of three answers")
+    def taken() -> bool:
+        state = next(t for t in stack.airflow.task_instances(dag_id, run_id) if t["task_id"] == "approval")["state"]
+        assert state not in ("failed", "upstream_failed"), _task_log_tail(stack, run_id, dag_id)
+        return state == "success"
+
+    wait_for(taken, 300, f"the approval of run {run_id} taking the answer {option}")
 
 
 def _the_changeover_view_shows_the_upgrade(stack: Stack, run_id: str, artifacts: Path) -> None:
@@ -412,9 +408,10 @@ def test_a_zero_downtime_roll_through_the_scheduler_moves_the_job_once_through_i
     """Issue 27 as users run it: `rolling_upgrade` with move_strategy zero_downtime, triggered through Airflow's REST
     API as the UI does, run by the scheduler, the executor and the triggerer. The job's follower on 4.3.0 catches up
     read-only while the roll's trigger waits, then takes over; one move, exact, its downtime and freshness in the
-    verify task's summary and in the events. No input file waits for the sink longer than two trigger intervals
-    across the move. The trigger is 5 s: on 2 cores beside Airflow, three workers and the follower, a batch of
-    `clicks` takes 1.5-2.2 s, so at the demo's 1 s a file waits longer than two intervals with no move at all."""
+    verify task's summary and in the events. No input file waits for the sink across the move more than a trigger
+    interval longer than the old run's files usually waited (`_assert_fresh_through_the_move`). The trigger is 5 s:
+    on 2 cores beside Airflow, three workers and the follower, a batch of `clicks` takes 1.5-2.2 s, so at the demo's
+    1 s a file waits longer than two intervals with no move at all."""
     trigger_seconds = 5.0
     generator = _start_clicks(stack, "clicks_zd", trigger=f"{trigger_seconds:.0f} seconds")
     airflow = stack.airflow
@@ -448,14 +445,14 @@ def test_a_zero_downtime_roll_through_the_scheduler_moves_the_job_once_through_i
 
 
 def _assert_fresh_through_the_move(figures: dict[str, Any], trigger_seconds: float) -> None:
-    """Issue 27's freshness bound, against the job's own baseline: no input file waited for the sink through the move
-    longer than two trigger intervals, or, where the machine is so loaded that the job's own batches (before the
-    move, from the old run's checkpoint) already wait about that long, than twice its usual wait. A move that stalls
-    the job for a few batches fails either way."""
-    gap, usual = figures["largest_gap_seconds"], figures["usual_gap_seconds"]
-    # both measured, neither "not measured: ..."
+    """Issue 27's freshness, against the job's own baseline: no input file waited for the sink through the move more
+    than one trigger interval longer than the old run's files usually waited (its batches' median largest wait, from
+    its checkpoint, over its last batches before the move). Issue 27's own bound, two intervals, is below what a file
+    waits with no move at all on this machine when loaded (docs/zero-downtime.md); the baseline carries that load."""
+    gap, usual = figures.get("largest_gap_seconds"), figures.get("usual_gap_seconds")
+    # both measured, neither missing nor "not measured: ..."
     assert isinstance(gap, int | float) and isinstance(usual, int | float), figures
-    assert gap <= 2 * max(trigger_seconds, usual), figures
+    assert gap <= usual + trigger_seconds, figures
 
 
 def _assert_ledger_split(stack: Stack, name: str, parked_at: dict[str, int], old: int, new: int) -> None:
