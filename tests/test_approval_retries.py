@@ -28,8 +28,8 @@ def _approval() -> PlanApprovalOperator:
                                 plan_task_id="preflight", upgrade_step=True)
 
 
-def _context(try_number: int) -> dict[str, Any]:
-    ti = _TaskInstance(id="0199-ti", try_number=try_number)
+def _context() -> dict[str, Any]:
+    ti = _TaskInstance(id="0199-ti")
     return {"ti": ti, "task_instance": ti}
 
 
@@ -39,11 +39,12 @@ def test_a_retry_takes_the_answer_its_failed_try_was_resumed_with(monkeypatch: p
                                   chosen_options=["Reject"], params_input={})
     asked_for: list[Any] = []
     monkeypatch.setattr(hitl, "get_hitl_detail_content_detail", lambda ti_id: asked_for.append(ti_id) or answered)
-    monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **_: pytest.fail("asked again, erasing the answer"))
+    monkeypatch.setattr("airflow.providers.standard.operators.hitl.upsert_hitl_detail",
+                        lambda **_: pytest.fail("asked again, erasing the answer"))
     approval, completed = _approval(), []
     monkeypatch.setattr(approval, "execute_complete", lambda context, event: completed.append(event) or "taken")
 
-    assert approval.execute(_context(try_number=2)) == "taken"
+    assert approval.execute(_context()) == "taken"
     assert asked_for == ["0199-ti"]  # the task instance's own detail: a cleared task's new id has none
     (event,) = completed
     assert event["chosen_options"] == ["Reject"] and event["responded_by_user"]["name"] == "admin"
@@ -66,6 +67,6 @@ def test_a_try_without_an_answer_asks(monkeypatch: pytest.MonkeyPatch, detail: A
     approval = _approval()
     monkeypatch.setattr(approval, "execute_complete", lambda context, event: pytest.fail(f"took {event} unasked"))
     with pytest.raises(TaskAwaitingInput):  # Airflow's signal that the task waits for its answer
-        approval.execute(_context(try_number=1))
+        approval.execute(_context())
     (question,) = asked
     assert question["ti_id"] == "0199-ti" and "- m1: 4.2.0 -> 4.3.0" in question["body"]

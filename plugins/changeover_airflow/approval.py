@@ -22,8 +22,9 @@ class PlanApprovalOperator(ApprovalOperator):
     run goes on; rejected, the tasks after it are skipped, and the run's last task ends it as rejected, with nothing
     drained or stopped. Unanswered within `response_timeout` (24 h: the preflight holds the upgrade lock meanwhile)
     the plan counts as rejected. The answer, who gave it (nobody, on a timeout) and the plan it answered are in the
-    audit trail (`*.approval`). A cleared or retried task asks again; Airflow keeps showing the first try's text, so
-    the plan the answer applies to is the one logged, and recorded, by the try that got it."""
+    audit trail (`*.approval`). A retry takes an answer its task instance already got (`_answer_given`); a cleared
+    task asks again, and Airflow keeps showing the first try's text, so the plan the answer applies to is the one
+    logged, and recorded, by the try that got it."""
 
     template_fields: Sequence[str] = (*ApprovalOperator.template_fields, "require_approval", "changeover_conn_id")
 
@@ -66,7 +67,7 @@ class PlanApprovalOperator(ApprovalOperator):
             detail = get_hitl_detail_content_detail(context["ti"].id)
         except Exception:  # noqa: BLE001 - none asked under this id: Airflow answers "not found", and the task asks
             return None
-        if not getattr(detail, "response_received", False) or not detail.chosen_options:
+        if not detail.response_received or not detail.chosen_options:
             return None
         user = detail.responded_by_user
         return {"chosen_options": detail.chosen_options, "params_input": detail.params_input or {},

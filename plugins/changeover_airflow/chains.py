@@ -24,9 +24,9 @@ from changeover_airflow.operators import (
 # Every task picks up where the last try was, so retries are cheap; enough of them to outlast spurious
 # retries from the scheduler's deferral race.
 UPGRADE_DEFAULT_ARGS: dict[str, Any] = {"retries": 6, "retry_delay": timedelta(seconds=10)}
-# An approval's retry asks the person again. Airflow 3.3 can fail a task answered within seconds of asking (the
-# asking try's late exit report overrides the resumed state, as in its deferral race): the next try asks again
-# rather than the run failing.
+# Airflow 3.3 can fail an approval answered within seconds of asking (the asking try's late exit report overrides
+# the resumed state, as in its deferral race): the retry takes that answer (PlanApprovalOperator) rather than the run
+# failing.
 APPROVAL_RETRIES: dict[str, Any] = {"retries": 2, "retry_delay": timedelta(seconds=5)}
 
 

@@ -200,7 +200,7 @@ def _answer_approval(stack: Stack, dag_id: str, run_id: str, option: str, artifa
                          artifacts)
 
     def taken() -> bool:
-        state = next(t for t in stack.airflow.task_instances(dag_id, run_id) if t["task_id"] == "approval")["state"]
+        state = _states(stack, dag_id, run_id)["approval"]
         assert state not in ("failed", "upstream_failed"), _task_log_tail(stack, run_id, dag_id)
         return state == "success"
 
