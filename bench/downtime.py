@@ -43,9 +43,9 @@ from changeover import jobs
 from changeover.cli import local_airflow
 from changeover.cli.generator import EPOCH, Generator
 from changeover.cluster import Membership, membership_for, wait_for
+from changeover.cluster.spark_settings import SparkSettings
 from changeover.errors import ChangeoverError
 from changeover.jobs import move_history
-from changeover.jobs.spark_settings import SparkSettings
 from changeover.registry.db import session_scope
 from changeover.registry.models import Event, JobRun
 from changeover.runtime.sinks.files import LOG, log_entries

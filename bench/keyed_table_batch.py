@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from changeover.jobs import shipping
+from changeover.cluster import shipping
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun
 from changeover.registry.schema import migrate

@@ -22,7 +22,7 @@ from pathlib import Path
 from changeover import jobs, savepoints
 from changeover.cli.generator import Generator
 from changeover.cluster import Membership, membership_for, wait_for
-from changeover.jobs.spark_settings import SparkSettings
+from changeover.cluster.spark_settings import SparkSettings
 from changeover.settings import Settings
 from scratch import scratch_settings
 

@@ -1,6 +1,6 @@
 """Entry script of every Spark driver Changeover launches.
 
-Shipped beside Changeover's zipped package (see `changeover.jobs.shipping`): the driver finds the package and the
+Shipped beside Changeover's zipped package (see `changeover.cluster.shipping`): the driver finds the package and the
 job's code through --py-files, never through the checkout.
 """
 

@@ -97,7 +97,7 @@ def cluster(settings: Settings) -> Iterator[LocalCluster]:
 def local_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local Spark session in the test's process (local[2]) whose Python workers can import Changeover, as a
     runtime's executors can: for sinks and driver loops tested on real DataFrames without a cluster."""
-    from changeover.jobs import shipping
+    from changeover.cluster import shipping
     from pyspark.sql import SparkSession
 
     package, _entry = shipping.runtime_artifacts(Settings.from_env(home=tmp_path_factory.mktemp("artifacts")))

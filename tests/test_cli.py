@@ -1,13 +1,16 @@
 """The CLI refuses bad input with a one-line error and exit code 2, and changes nothing."""
 
+import contextlib
 import json
 import logging
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from changeover.cluster import LocalCluster
 from changeover.light import ledger
@@ -141,3 +144,106 @@ def test_an_upgrade_is_followed_with_a_bar_its_members_phases_and_the_moves_in_8
     assert max(len(line) for line in lines) <= 80, lines
     assert any("1/2" in line and "SUCCEEDED" in line for line in lines), lines
     assert any(line.split()[:2] == ["m2", "DRAINING"] for line in lines), lines
+
+
+def _sql_agents(settings: Settings) -> list[psutil.Process]:
+    """The SQL agents serving this home: `python -m changeover.cli.sql_agent KEY` with the home in its environment."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if "changeover.cli.sql_agent" in (process.info["cmdline"] or []) \
+                    and process.environ().get("CHANGEOVER_HOME") == str(settings.home):
+                found.append(process)
+    return found
+
+
+@pytest.fixture
+def agents_stopped(settings: Settings) -> Iterator[None]:
+    """Whatever the test does, no SQL agent of its home outlives it."""
+    try:
+        yield
+    finally:
+        from changeover.cli import sql_agent
+
+        sql_agent.stop_all(settings)
+        _gone, left = psutil.wait_procs(_sql_agents(settings), timeout=30)
+        for process in left:
+            process.kill()
+        for folder in sql_agent._folders(settings):  # the shared temporary one keeps no test's lock or log
+            for path in folder.glob(f"sql-agent-{sql_agent._home_tag(settings)}-*"):
+                path.unlink(missing_ok=True)
+
+
+def test_sql_goes_through_an_agent_that_cluster_down_stops(settings: Settings, agents_stopped: None) -> None:
+    """`changeover sql` hands the statement to an agent it starts; its refusals are the CLI's own, one line, and the
+    same with --no-agent; a second statement finds the same agent; `cluster down` stops it."""
+    refusal = "light job: no ACTIVE member runs a Spark Connect server"
+    first = run(settings, "sql", "SELECT 1")
+    assert first.returncode == 2 and refusal in first.stderr and len(first.stderr.strip().splitlines()) == 1, \
+        first.stderr
+    agents = _sql_agents(settings)
+    assert len(agents) == 1
+    second = run(settings, "sql", "SELECT 1")
+    assert second.returncode == 2 and refusal in second.stderr, second.stderr
+    assert _sql_agents(settings) == agents
+    here = run(settings, "sql", "--no-agent", "SELECT 1")
+    assert here.returncode == 2 and refusal in here.stderr and len(here.stderr.strip().splitlines()) == 1, \
+        here.stderr
+    assert run(settings, "cluster", "down").returncode == 0
+    _gone, left = psutil.wait_procs(agents, timeout=30)
+    assert not left
+    from changeover.cli import sql_agent
+
+    assert not [p for folder in sql_agent._folders(settings) for p in folder.glob("sql-agent-*.sock")]
+
+
+def test_an_agent_whose_registry_schema_moved_stops_and_the_cli_says_so(settings: Settings,
+                                                                          agents_stopped: None) -> None:
+    from changeover.registry.db import session_scope
+    from sqlalchemy import text
+
+    assert run(settings, "sql", "SELECT 1").returncode == 2  # no Connect server: the agent is up all the same
+    agents = _sql_agents(settings)
+    assert len(agents) == 1
+    with session_scope(settings.database_url) as s:
+        s.execute(text("UPDATE alembic_version SET version_num = '9999_elsewhere'"))
+    moved = run(settings, "sql", "SELECT 1")
+    assert moved.returncode == 2 and "its schema is at revision 9999_elsewhere" in moved.stderr, moved.stderr
+    _gone, left = psutil.wait_procs(agents, timeout=30)
+    assert not left
+
+
+def test_the_sql_agents_place_key_and_words(settings: Settings, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from changeover import audit
+    from changeover.cli import sql_agent
+
+    assert sql_agent.actor() == audit.current_actor()
+    monkeypatch.setenv("CHANGEOVER_ACTOR", "someone")
+    assert sql_agent.actor() == audit.current_actor() == "someone"
+
+    where = sql_agent.place(settings)
+    assert where is not None and where.socket.parent in sql_agent._folders(settings)
+    assert not where.socket.parent.stat().st_mode & 0o077 and len(str(where.socket)) <= sql_agent.MAX_SOCKET_PATH
+    deep = Settings.from_env(home=tmp_path / ("d" * 90) / "home", database_url=settings.database_url)
+    far = sql_agent.place(deep)
+    assert far is not None and far.socket.parent == sql_agent._folders(deep)[1]  # too long for a socket's path
+    open_home = Settings.from_env(home=tmp_path / "open", database_url=settings.database_url)
+    (open_home.home / "cli").mkdir(parents=True, mode=0o755)
+    (open_home.home / "cli").chmod(0o755)
+    shared = sql_agent.place(open_home)  # others may reach the home's cli/ folder: not there
+    assert shared is not None and shared.socket.parent == sql_agent._folders(open_home)[1]
+
+    key = sql_agent.key_of(settings)
+    assert sql_agent.key_of(settings) == key
+    assert sql_agent.key_of(Settings.from_env(home=settings.home, database_url="sqlite:///elsewhere.db")) != key
+    monkeypatch.setenv("SPARK_CONNECT_USER_AGENT", "other")
+    assert sql_agent.key_of(settings) != key
+
+    class ParseException(Exception):
+        pass
+
+    spark_said = ParseException("\n[PARSE_SYNTAX_ERROR] near 'SELEC'\n== SQL ==\nSELEC 1")
+    refusal = sql_agent.spark_refusal("SELEC   1", spark_said)
+    assert str(refusal).startswith("SQL 'SELEC 1': Spark answered ParseException: [PARSE_SYNTAX_ERROR] near 'SELEC'. ")
+    assert "\n" not in str(refusal)

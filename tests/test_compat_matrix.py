@@ -19,14 +19,13 @@ from typing import Any
 import pytest
 from changeover import savepoints
 from changeover.compat.checker import check
-from changeover.compat.plan import describe_stages
 from changeover.compat.rules import Verdict
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun
 from changeover.registry.schema import migrate
 from changeover.runtime.checkpoints import stateful_operators
-from changeover.runtime.contract import JobContext
-from changeover.runtime.driver import unmatched_state
+from changeover.runtime.contract import JobContext, unmatched_state
+from changeover.runtime.plan import describe_stages
 from changeover.settings import Settings
 
 pytestmark = pytest.mark.slow

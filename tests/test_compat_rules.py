@@ -1,5 +1,5 @@
 """The checker's rules that the Spark matrix (test_compat_matrix.py) does not reach, on plans written by hand
-in the shape `changeover.compat.plan` gives. No Spark: these are the comparisons alone."""
+in the shape `changeover.runtime.plan` gives. No Spark: these are the comparisons alone."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def test_a_keyed_tables_description_keeps_no_password_and_the_control_plane_fill
 def test_the_connection_param_chooses_a_platforms_cluster_for_every_task(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A run's `connection` Param names the connection every task's hook reads; one with a cluster file gives the
-    platform's standalone cluster (its whole roll through the scheduler is tests/e2e's, under `make soak`)."""
+    platform's standalone cluster (its whole roll through the scheduler is tests/e2e's, under `make test-e2e`)."""
     from airflow.dag_processing.dagbag import DagBag
     from changeover.cluster import membership_for
     from changeover.cluster.standalone import StandaloneCluster

@@ -169,7 +169,7 @@ def test_the_stability_gate_waits_in_the_triggerer_and_decides_when_it_fires(
 
 def test_the_trigger_fires_no_sooner_than_its_settle_time_though_ready_at_once(settings: Settings,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """The other half of the deferral race's fix (tests/e2e/dags/deferral_race.py, under `make soak`): a deferred task
+    """The other half of the deferral race's fix (tests/e2e/dags/deferral_race.py, in `make test-e2e`): a deferred task
     resumed at once can race its own exit's report, so the trigger waits out its settle time first. The observation
     is replaced here (it is ready at once), and the hook hands over the test's registry instead of a connection's."""
     import asyncio
@@ -229,7 +229,7 @@ def test_a_stop_savepoint_waits_in_the_task_then_in_the_triggerer_and_is_taken_o
         run_id = run.id
     operator = operators.SavepointOperator(task_id="stop", job="clicks", savepoint_name="sp", mode="stop")
     monkeypatch.setattr(operator, "_setup", lambda context: (settings, fleet))
-    monkeypatch.setattr(operators, "IN_TASK_WAIT_SECONDS", 0.2)  # the job's batch outlasts the wait in the task
+    monkeypatch.setattr(operators.savepoints, "IN_TASK_WAIT_SECONDS", 0.2)  # the job's batch outlasts it
     context = {"outlet_events": _OutletEvents()}
     with pytest.raises(TaskDeferred) as deferred:
         operator.execute(context)

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from changeover import light
 from changeover.cluster import wait_for
-from changeover.jobs import code_update
 from changeover.light import ledger
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, LightJob, Member, utcnow
 from changeover.registry.states import LightState
 from changeover.settings import Settings
-from changeover.upgrade import drain, zero_downtime
+from changeover.upgrade import code_update, drain, zero_downtime
+from changeover.upgrade.drain_plan import DrainPlan, JobObservation, Observation, decide
 from fake_fleet import FakeFleet
 from sqlalchemy import select
 
@@ -191,20 +191,21 @@ def test_a_follower_that_ended_leaves_the_move_to_its_step(fleet: FakeFleet, tmp
     assert code_update.cut_over_due(fleet.settings, fleet, name, zero_downtime.CatchUp())
 
 
-FT = drain.JobSeen("moving", fault_tolerant=True, block_shutdown=False, shutdown_timeout=30, live=True,
-                   asked_to_stop=False)
-OTHER = drain.JobSeen("report", fault_tolerant=False, block_shutdown=False, shutdown_timeout=30, live=True,
-                      asked_to_stop=False)
-LIGHT = drain.JobSeen("changeover-light-1", fault_tolerant=False, block_shutdown=True, shutdown_timeout=30, live=True,
-                     asked_to_stop=False, light=True)
-DRAINING = drain.Seen("m1", "DRAINING", draining_for=10.0, decommissioned=True)
+FT = JobObservation("moving", fault_tolerant=True, block_shutdown=False, shutdown_timeout=30, live=True,
+                    asked_to_stop=False)
+OTHER = JobObservation("report", fault_tolerant=False, block_shutdown=False, shutdown_timeout=30, live=True,
+                       asked_to_stop=False)
+LIGHT = JobObservation("changeover-light-1", fault_tolerant=False, block_shutdown=True, shutdown_timeout=30, live=True,
+                       asked_to_stop=False, light=True)
+DRAINING = Observation("m1", "DRAINING", draining_for=10.0, decommissioned=True)
 
 # (case, seen, what the plan says: its non-empty fields)
 DECISIONS = [
-    ("already drained", drain.Seen("m1", "UPGRADING", jobs=(FT,)), {"status": "DRAINED"}),
-    ("another member mid-upgrade", drain.Seen("m1", "ACTIVE", busy_elsewhere=("m2",), jobs=(FT,)),
+    ("already drained", Observation("m1", "UPGRADING", jobs=(FT,)), {"status": "DRAINED"}),
+    ("another member mid-upgrade", Observation("m1", "ACTIVE", busy_elsewhere=("m2",), jobs=(FT,)),
      {"status": "ACTIVE", "blocked_by": ["m2"]}),
-    ("a fault-tolerant job is saved", drain.Seen("m1", "ACTIVE", jobs=(FT,)), {"status": "ACTIVE", "save": ["moving"]}),
+    ("a fault-tolerant job is saved", Observation("m1", "ACTIVE", jobs=(FT,)),
+     {"status": "ACTIVE", "save": ["moving"]}),
     ("its standby warms", replace(DRAINING, jobs=(replace(FT, warming=True),)),
      {"warming": ["moving"], "decommissioned": True}),
     ("asked to stop, finishing its batch", replace(DRAINING, jobs=(replace(FT, asked_to_stop=True),)),
@@ -236,8 +237,8 @@ DECISIONS = [
 
 
 @pytest.mark.parametrize(("seen", "expected"), [c[1:] for c in DECISIONS], ids=[c[0] for c in DECISIONS])
-def test_a_drains_plan_from_what_it_sees(seen: drain.Seen, expected: dict[str, Any]) -> None:
-    planned, empty = drain.decide(seen), drain.DrainPlan(member="m1", status="")
+def test_a_drains_plan_from_what_it_sees(seen: Observation, expected: dict[str, Any]) -> None:
+    planned, empty = decide(seen), DrainPlan(member="m1", status="")
     said = {k: v for k, v in asdict(planned).items() if k != "member" and v != getattr(empty, k)}
     assert said == {"status": seen.status, **expected}
 

@@ -3,7 +3,7 @@ member's worker in a network namespace with an SSH server, started by Spark's ow
 configuration (tests/platform_hosts.py). Changeover reaches the members only through the cluster file's `ssh` lines
 and the masters' JSON and REST APIs. The same roll triggered through Airflow's scheduler, with the `connection` Param
 choosing the platform's connection, is tests/e2e's (`test_a_platforms_own_cluster_rolls_through_the_scheduler_one_
-move_a_job_exact`, under `make soak`)."""
+move_a_job_exact`, under `make test-e2e`)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_a_member_whose_host_does_not_answer_is_refused_before_anything_drains(
         assert {m.status for m in s.scalars(select(Member))} == {"ACTIVE"}
 
 
-@pytest.mark.soak  # 80-130 s; make test keeps a host that does not answer refused before anything drains (above), and
+@pytest.mark.long  # 80-130 s; make test keeps a host that does not answer refused before anything drains (above), and
 # an abort that fails where it cannot reach, then succeeds (tests/faults/test_control_plane.py)
 def test_a_host_lost_mid_upgrade_stops_the_roll_and_an_abort_brings_back_what_it_can_reach(
     platform: Platform, settings: Settings
@@ -146,7 +146,7 @@ def test_a_host_lost_mid_upgrade_stops_the_roll_and_an_abort_brings_back_what_it
 def test_a_whole_roll_restarts_each_member_through_its_host_and_moves_the_job_once_exact(
     platform: Platform, settings: Settings
 ) -> None:
-    """The roll as the roll task steps it (Airflow's own run of it is tests/e2e's, under `make soak`): each member's
+    """The roll as the roll task steps it (Airflow's own run of it is tests/e2e's, under `make test-e2e`): each member's
     worker stopped and started at 4.3.0 through the templates, registered with the platform's 4.3.0 master; the job,
     on the member drained last, moved once onto that master's group, exact."""
     cluster = membership_for(settings)

@@ -24,7 +24,7 @@ from changeover.registry.db import forget_engines, session_scope
 from changeover.registry.models import Job
 from changeover.registry.schema import migrate
 from changeover.runtime.contract import Stage
-from changeover.runtime.driver import Driver
+from changeover.runtime.loop import Driver
 from changeover.runtime.sinks import Files, WriteContext, files
 from changeover.settings import Settings
 from conftest import current_run

@@ -85,8 +85,70 @@ def test_the_checker_finds_a_cycle_through_a_function_level_import() -> None:
 
 def test_the_core_has_no_import_cycle() -> None:
     graph = import_graph()
-    assert "changeover.jobs" in graph and "changeover.registry.models" in graph["changeover.jobs"]
+    assert "changeover.jobs.launching" in graph and "changeover.registry.models" in graph["changeover.jobs.launching"]
     assert cycles(graph) == []
+
+
+# The few flat modules every role uses, one package here; the audit is apart, above the registry it writes to.
+BASE = ("errors", "faults", "names", "private_file", "settings", "timeutil")
+# Each package imports only packages of the layers before its own (docs/architecture.md, "Layers").
+LAYERS: list[set[str]] = [
+    {"base"},
+    {"registry"},
+    {"audit"},
+    {"cluster", "handoff"},
+    {"runtime"},
+    {"savepoints"},
+    {"compat"},
+    {"jobs", "light"},
+    {"upgrade", "housekeeping"},
+    {"cli"},
+]
+
+
+def _package(module: str) -> str:
+    """The package a core module belongs to: its folder, `base` for the flat modules every role uses, and `cli`
+    for `python -m changeover`."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in BASE:
+        return "base"
+    return "cli" if parts[1] == "__main__" else parts[1]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph collapsed to packages: each package's imports of other packages."""
+    packages: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        source = _package(module)
+        packages.setdefault(source, set()).update(_package(m) for m in imported)
+    return {package: imported - {package} for package, imported in packages.items()}
+
+
+def upward_imports(packages: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    """Each import of a package from its own layer or one above it."""
+    layer = {package: i for i, members in enumerate(layers) for package in members}
+    return [f"{source} -> {target}" for source, imported in sorted(packages.items()) for target in sorted(imported)
+            if layer[target] >= layer[source]]
+
+
+def test_the_layer_check_finds_an_import_that_looks_up() -> None:
+    layers = [{"low"}, {"mid", "side"}, {"high"}]
+    assert upward_imports({"low": set(), "mid": {"low"}, "side": {"low"}, "high": {"mid", "side"}}, layers) == []
+    assert upward_imports({"low": {"high"}, "mid": {"side"}, "side": set(), "high": set()}, layers) == [
+        "low -> high", "mid -> side"]
+    assert package_graph({"changeover.a.x": {"changeover.b.y", "changeover.a.z"}, "changeover.a.z": set(),
+                          "changeover.b.y": {"changeover.errors"}, "changeover.errors": set()}) == {
+        "a": {"b"}, "b": {"base"}, "base": set()}
+
+
+def test_the_core_s_packages_import_each_other_in_layers() -> None:
+    """Packages that only look down: no two packages import each other, however indirectly (function-level imports
+    included), and each imports only packages of the layers below its own."""
+    packages = package_graph(import_graph())
+    assert cycles(packages) == []
+    assert sorted(set().union(*LAYERS)) == sorted(packages), "each package sits in exactly one layer"
+    assert sum(len(members) for members in LAYERS) == len(packages)
+    assert upward_imports(packages, LAYERS) == []
 
 
 def test_only_the_cluster_package_names_its_local_backend() -> None:
@@ -105,7 +167,8 @@ def test_the_core_is_grouped_by_role() -> None:
     assert flat == ["__init__", "__main__", "audit", "errors", "faults", "names", "private_file", "settings",
                     "timeutil"]
     assert {p.name for p in CORE.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
-        "cli", "cluster", "compat", "handoff", "jobs", "light", "registry", "runtime", "savepoints", "upgrade"}
+        "cli", "cluster", "compat", "handoff", "housekeeping", "jobs", "light", "registry", "runtime", "savepoints",
+        "upgrade"}
 
 
 def test_what_runs_inside_a_spark_runtime_imports_with_only_the_runtimes_packages() -> None:

@@ -1,4 +1,4 @@
-"""The leak checker (`changeover.cluster.leaks`) over a fake fleet (tests/fake_fleet.py) and the real registry, on
+"""The leak checker (`changeover.housekeeping.leaks`) over a fake fleet (tests/fake_fleet.py) and the real registry, on
 SQLite and PostgreSQL, in seconds. Time is the check's `now`: a leak first seen at t0 is left alone until t0 + the
 grace, and cleaned from then on; nothing registered is touched at any time."""
 
@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from changeover import jobs
 from changeover.cli.generator import Generator
-from changeover.cluster import LocalCluster, leaks, processes, wait_for
+from changeover.cluster import LocalCluster, processes, wait_for
+from changeover.housekeeping import leaks
 from changeover.light import ledger
 from changeover.registry.db import session_scope
 from changeover.registry.models import Event, Job, JobRun, LightJob, Savepoint, utcnow
@@ -335,7 +336,7 @@ def test_the_operator_checks_as_its_task_and_fails_on_a_refusal_after_the_rest(
 
     monkeypatch.setenv("AIRFLOW_CONN_CHANGEOVER_DEFAULT", json.dumps(
         {"conn_type": "generic", "extra": {"home": str(settings.home), "database_url": settings.database_url}}))
-    monkeypatch.setattr(operators, "membership_for", lambda _settings: fleet)
+    monkeypatch.setattr(operators.base, "membership_for", lambda _settings: fleet)  # where `_setup` looks it up
     pushed: dict[str, Any] = {}
     ti = SimpleNamespace(dag_id="leak_checker", run_id="r1", task_id="check", try_number=1,
                          xcom_push=lambda key, value: pushed.__setitem__(key, value))

@@ -1,5 +1,5 @@
 """The parked run's rules as a table: what it observes under the job row's lock, and what it does. No registry and
-no Spark: `lease.decide` reads the rows, calls `decide_parked`, and writes what it returns (tested against real
+no Spark: `lease.next_action` reads the rows, calls `decide_parked`, and writes what it returns (tested against real
 registries in test_leases_and_fencing.py)."""
 
 from __future__ import annotations

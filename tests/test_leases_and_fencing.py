@@ -26,6 +26,7 @@ from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Event, Job, JobRun, Master, Member, utcnow
 from changeover.runtime import checkpoints
 from changeover.runtime.follower import PlannedPast
+from changeover.runtime.sinks import hold_a_write_of
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import drain, lock, relocate, roll, verify, warm
@@ -72,10 +73,10 @@ def _successor(settings: Settings) -> int:
 
 def test_a_parked_run_waits_then_resumes_when_its_lease_runs_out(settings: Settings) -> None:
     old = _job_with_parked_run(settings, lease_left=3600)
-    assert lease.decide(settings.database_url, "clicks", old) == "wait"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "wait"
     with session_scope(settings.database_url) as s:
         s.get(JobRun, old).lease_until = utcnow() - timedelta(seconds=1)
-    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
     with session_scope(settings.database_url) as s:
         job, run = s.get(Job, "clicks"), s.get(JobRun, old)
         assert (job.desired, job.current_run_id, run.state, run.parked) == ("RUN", old, "RUNNING", False)
@@ -86,9 +87,9 @@ def test_a_parked_run_waits_then_resumes_when_its_lease_runs_out(settings: Setti
 def test_a_parked_run_exits_once_its_successor_has_written(settings: Settings) -> None:
     old = _job_with_parked_run(settings, lease_left=3600)
     new = _successor(settings)
-    assert lease.decide(settings.database_url, "clicks", old) == "wait"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "wait"
     write_batch(settings, new)
-    assert lease.decide(settings.database_url, "clicks", old) == "exit"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "exit"
     with session_scope(settings.database_url) as s:
         assert s.get(JobRun, old).ended_at is not None
 
@@ -98,7 +99,7 @@ def test_an_expired_lease_fences_a_successor_that_has_not_written(settings: Sett
     new = _successor(settings)
     with session_scope(settings.database_url) as s:
         s.get(JobRun, old).lease_until = utcnow() - timedelta(seconds=1)
-    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
     with pytest.raises(Fenced, match=f"write of batch 5 of stage totals of job clicks by run {new}: "
                                      f"run {old} is the job's current run"):
         write_batch(settings, new)
@@ -111,11 +112,11 @@ def test_a_successor_that_failed_before_writing_hands_the_job_back_at_once(setti
     """The new version failed the job on its first batch: the parked run resumes without waiting out its lease."""
     old = _job_with_parked_run(settings, lease_left=3600)
     new = _successor(settings)
-    assert lease.decide(settings.database_url, "clicks", old) == "wait"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "wait"
     with session_scope(settings.database_url) as s:
         failed = s.get(JobRun, new)
         failed.state, failed.error, failed.ended_at = "FAILED", "job clicks: ValueError: broken", utcnow()
-    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
     with session_scope(settings.database_url) as s:
         job = s.get(Job, "clicks")
         assert (job.current_run_id, job.desired, s.get(JobRun, old).state) == (old, "RUN", "RUNNING")
@@ -135,7 +136,8 @@ def test_moves_that_ended_before_writing_stop_the_drain_after_one_failure_or_thr
         with session_scope(settings.database_url) as s:
             run = s.get(JobRun, new)
             run.state, run.ended_at, run.error = state, utcnow(), f"ended {state}"
-        assert lease.decide(settings.database_url, "clicks", old) == "resume"  # handed back at once
+        # handed back at once
+        assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
         lease.park(settings.database_url, "clicks", old, {"totals": 4}, seconds=3600)  # asked to move again
         return new
 
@@ -164,7 +166,8 @@ def test_a_run_never_accepted_by_its_master_ends_once_its_silence_outlasts_the_l
         s.get(JobRun, new).submitted_at = utcnow() - timedelta(seconds=61)
     lost = jobs.observe(settings, None, new)  # type: ignore[arg-type]
     assert (lost.state, lost.error.split(":")[0]) == ("KILLED", "never accepted")  # type: ignore[union-attr]
-    assert lease.decide(settings.database_url, "clicks", old) == "resume"  # the parked run takes the job back
+    # the parked run takes the job back
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
 
 
 def test_a_driver_whose_jvm_died_under_it_is_killed_not_failed_by_its_own_code() -> None:
@@ -210,14 +213,14 @@ def test_a_live_successor_still_starting_gets_more_time_but_not_forever(
         s.get(JobRun, old).lease_until = utcnow() - timedelta(seconds=lease_ended_ago)
         s.get(JobRun, new).heartbeat_at = (utcnow() - timedelta(seconds=successor_heard_ago)
                                            if successor_heard_ago is not None else None)
-    assert lease.decide(settings.database_url, "clicks", old) == decision
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == decision
 
 
 def test_a_users_stop_is_never_undone_by_the_lease(settings: Settings) -> None:
     old = _job_with_parked_run(settings, lease_left=0)
     with session_scope(settings.database_url) as s:
         s.get(Job, "clicks").desired = "STOP"  # `changeover savepoint clicks NAME --cancel`
-    assert lease.decide(settings.database_url, "clicks", old) == "exit"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "exit"
     with session_scope(settings.database_url) as s:
         assert s.get(Job, "clicks").desired == "STOP" and s.get(JobRun, old).ended_at is not None
 
@@ -227,13 +230,13 @@ def test_a_parked_run_never_reclaims_from_a_later_run_that_took_over(settings: S
     taken = _successor(settings)
     assert lease.take_over(settings.database_url, "clicks", taken)
     _successor(settings)  # the job moved on again; this newest run has not written yet
-    assert lease.decide(settings.database_url, "clicks", old) == "exit"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "exit"
 
 
 def _reclaimed_then_parked_again(settings: Settings, old: int, new: int, stage: str) -> None:
     """The parked run takes the job back from a successor that wrote nothing and ended, then parks again for the
     move with that successor current once more (as if it had been launched again)."""
-    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
     with session_scope(settings.database_url) as s:
         s.get(Job, "clicks").desired = "MOVE"
     lease.park(settings.database_url, "clicks", old, {stage: 4}, seconds=3600)
@@ -242,7 +245,7 @@ def _reclaimed_then_parked_again(settings: Settings, old: int, new: int, stage: 
 
 
 def _left_to_its_successor(settings: Settings, old: int, new: int) -> None:
-    assert lease.decide(settings.database_url, "clicks", old) == "exit"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "exit"
     with session_scope(settings.database_url) as s:
         assert s.get(Job, "clicks").current_run_id == new and s.get(JobRun, old).ended_at is not None
 
@@ -291,7 +294,7 @@ def test_the_fence_waits_for_a_lease_decision_in_flight(settings: Settings) -> N
             fenced.set()
 
     with session_scope(settings.database_url) as s:
-        lock_row(s, Job, "clicks")  # as `lease.decide` holds it
+        lock_row(s, Job, "clicks")  # as `lease.next_action` holds it
         writer = threading.Thread(target=write)
         writer.start()
         assert not (written.wait(timeout=2) or fenced.is_set()), "the writer went on while the job row was locked"
@@ -304,7 +307,7 @@ def test_a_withdrawn_stop_unparks_the_run(settings: Settings) -> None:
     old = _job_with_parked_run(settings, lease_left=3600)
     with session_scope(settings.database_url) as s:
         s.get(Job, "clicks").desired = "RUN"
-    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
 
 
 def _cluster_rows(settings: Settings) -> None:
@@ -390,7 +393,7 @@ class _SparkWithoutExecutors:
 
 
 def test_a_standbys_own_ready_deadline_counts_from_its_launch(settings: Settings) -> None:
-    from changeover.runtime.driver import Driver
+    from changeover.runtime.loop import Driver
 
     old = _job_with_parked_run(settings, lease_left=1)
     standby = _standby(settings, old)
@@ -398,7 +401,7 @@ def test_a_standbys_own_ready_deadline_counts_from_its_launch(settings: Settings
         s.get(JobRun, standby).submitted_at = utcnow() - timedelta(seconds=lease.STANDBY_READY_SECONDS - 0.5)
     spark = _SparkWithoutExecutors()
     try:
-        assert Driver(settings, "clicks", standby).await_handoff(spark, []) is None
+        assert Driver(settings, "clicks", standby).await_hand_over(spark, []) is None
     finally:
         spark.released.set()
     assert spark.cancelled
@@ -428,10 +431,10 @@ def test_a_standby_waits_while_its_predecessor_runs_and_starts_once_handed_the_c
                                                                         "drain-m1-run1-stop1")
         assert parked.parked  # it waits for the standby's first write, and takes the job back if it fails first
         assert (as_utc(parked.lease_until) - utcnow()).total_seconds() > 60  # the lease counts from the hand-over
-    assert lease.decide(settings.database_url, "clicks", old) == "wait"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "wait"
     with session_scope(settings.database_url) as s:
         s.get(JobRun, standby).state, s.get(JobRun, standby).ended_at = "FAILED", utcnow()
-    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
 
 
 def test_a_follower_on_new_code_brings_it_at_the_hand_over_and_a_reclaim_brings_the_old_back(settings: Settings,
@@ -460,7 +463,7 @@ def test_a_follower_on_new_code_brings_it_at_the_hand_over_and_a_reclaim_brings_
         assert s.get(JobRun, old).code == {"code": "/code/v1.zip", "module": "clicks_v1", "entry": "build"}
         failed = s.get(JobRun, standby)
         failed.state, failed.ended_at = "FAILED", utcnow()
-    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
     with session_scope(settings.database_url) as s:
         job = s.get(Job, "clicks")
         assert (job.code, job.module, job.current_run_id) == ("/code/v1.zip", "clicks_v1", old)
@@ -480,7 +483,8 @@ def test_a_hand_over_is_refused_once_the_parked_run_resumed_and_skipped_for_an_e
         warm.hand_over(settings, "clicks", other, old, 2, tmp_path, "sp")  # it parked again since: a stale savepoint
     with session_scope(settings.database_url) as s:
         s.get(Job, "clicks").desired = "RUN"
-    assert lease.decide(settings.database_url, "clicks", old) == "resume"  # the stop was withdrawn
+    # the stop was withdrawn
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
     with pytest.raises(ChangeoverError, match="no longer parked where its savepoint was taken"):
         warm.hand_over(settings, "clicks", other, old, 1, tmp_path, "sp")
     with session_scope(settings.database_url) as s:
@@ -503,7 +507,8 @@ def test_a_users_stop_between_the_park_and_the_hand_over_stands(settings: Settin
     with session_scope(settings.database_url) as s:
         assert (s.get(Job, "clicks").current_run_id, s.get(Job, "clicks").desired) == (old, "STOP")
         assert s.scalar(select(func.count()).select_from(JobRun)) == 2  # no successor row was added
-    assert lease.decide(settings.database_url, "clicks", old) == "exit"  # the user's stop ends the parked run
+    # the user's stop ends the parked run
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "exit"
     assert lease.standby_turn(settings.database_url, "clicks", standby) == "dismissed"
 
 
@@ -562,13 +567,15 @@ def test_a_primed_followers_write_waits_for_its_hand_over_and_lands_once_handed(
     thread, raised = _writing(settings, follower)
     thread.join(timeout=1.0)
     assert thread.is_alive() and not raised, raised  # waiting, not refused
-    assert lease.decide(settings.database_url, "clicks", old) == "wait"  # nothing written: the parked run waits
+    # nothing written: the parked run waits
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "wait"
     assert warm.hand_over(settings, "clicks", follower, old, 1, tmp_path / "own", "sp")
     thread.join(timeout=30)
     assert not thread.is_alive() and not raised, raised
     with session_scope(settings.database_url) as s:
         assert s.get(JobRun, follower).first_write_at is not None
-    assert lease.decide(settings.database_url, "clicks", old) == "exit"  # the follower wrote: handed off
+    # the follower wrote: handed over
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "exit"
 
 
 def test_a_run_stopping_for_a_move_that_names_no_batch_lets_its_follower_replay_up_to_the_park(
@@ -596,7 +603,7 @@ def test_a_follower_caught_up_to_an_earlier_park_is_refused_its_first_write(sett
         write_batch(settings, stale)
     with session_scope(settings.database_url) as s:
         s.get(JobRun, stale).state, s.get(JobRun, stale).ended_at = "FAILED", utcnow()  # what its driver records
-    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
     with session_scope(settings.database_url) as s:
         s.get(Job, "clicks").desired = "MOVE"
     lease.park(settings.database_url, "clicks", old, {"totals": 4}, seconds=3600)
@@ -609,7 +616,7 @@ def test_a_followers_cut_over_ends_when_its_predecessors_stop_fails(settings: Se
     """The predecessor said which batch it stops after, then that batch outran the stop's deadline: the stop is
     withdrawn and the run goes on, so the follower follows on, and the batch it named is forgotten (a later stop
     names its own)."""
-    from changeover.runtime.driver import Driver
+    from changeover.runtime.loop import Driver
 
     old = _job_with_running_run(settings, desired="MOVE")
     follower = _follower(settings, old, tmp_path / "own")
@@ -640,7 +647,7 @@ def test_a_primed_followers_write_is_refused_once_its_parked_predecessor_takes_t
     abandoned.join(timeout=30)
     assert not abandoned.is_alive() and isinstance(abandoned_raised.get("error"), Fenced), abandoned_raised
     assert thread.is_alive() and not raised, raised  # the other still waits: the lease decides, not the clock
-    assert lease.decide(settings.database_url, "clicks", old) == "resume"
+    assert lease.next_action(settings.database_url, "clicks", old, hold_a_write_of) == "resume"
     thread.join(timeout=30)
     assert not thread.is_alive() and isinstance(raised.get("error"), Fenced), raised
     assert lease.standby_turn(settings.database_url, "clicks", follower) == "follow"
@@ -745,11 +752,11 @@ class _QueriesInOrder:
 @pytest.fixture
 def driver_queries(monkeypatch: pytest.MonkeyPatch) -> list[_QueriesInOrder]:
     """The driver's cut-over with its Spark parts stood in for: the registry's answers are real."""
-    from changeover.runtime import driver
+    from changeover.runtime import standby
 
     _QueriesInOrder.made = []
-    monkeypatch.setattr(driver, "StageQueries", _QueriesInOrder)
-    monkeypatch.setattr(driver, "PRIME_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(standby, "StageQueries", _QueriesInOrder)  # where `_prime` and `_prime_in_queries` make them
+    monkeypatch.setattr(standby, "PRIME_CHECK_SECONDS", 0.0)
     return _QueriesInOrder.made
 
 
@@ -757,7 +764,7 @@ def test_a_driver_primes_at_the_named_batch_and_starts_its_queries_once_the_job_
         settings: Settings, tmp_path: Path, driver_queries: list[_QueriesInOrder]) -> None:
     """The follower replays up to the batch its predecessor named and no further, waits for the park, takes the
     parked position, reports it before anything could write, and only then starts the job's queries."""
-    from changeover.runtime.driver import Driver
+    from changeover.runtime.loop import Driver
 
     old = _job_with_running_run(settings, desired="MOVE")
     standby = _follower(settings, old, tmp_path / "own", caught_up_to=2)
@@ -778,7 +785,7 @@ def test_a_driver_whose_cut_over_ends_before_the_park_starts_nothing_and_follows
         settings: Settings, tmp_path: Path, driver_queries: list[_QueriesInOrder]) -> None:
     """The predecessor named its batch, then its stop failed: the follower, caught up, starts no query, takes no
     pending batch, and is still a follower."""
-    from changeover.runtime.driver import Driver
+    from changeover.runtime.loop import Driver
 
     old = _job_with_running_run(settings, desired="MOVE")
     standby = _follower(settings, old, tmp_path / "own")
@@ -791,7 +798,7 @@ def test_a_driver_whose_cut_over_ends_before_the_park_starts_nothing_and_follows
 
 
 class _FollowerOfOtherStages:
-    """Stands in for a follower whose new code dropped a stage its checkpoint holds (`Driver.await_handoff`), so it
+    """Stands in for a follower whose new code dropped a stage its checkpoint holds (`Standby.await_hand_over`), so it
     cannot prime in the job's queries. Each step records the standby's turn, whether it may replay the batch its
     predecessor runs, and the progress its row shows; after `batches` replays the predecessor parks and the job is
     handed over, and `finish` replays one more batch."""
@@ -828,7 +835,8 @@ def test_a_follower_that_cannot_prime_replays_committed_batches_through_the_cut_
     the job (`run_streaming` decides its stages then). Until then it goes on replaying what the predecessor has
     committed, never the batch it runs, and says how far it got, so there is less to replay after the hand-over.
     Spark's parts stand in."""
-    from changeover.runtime import driver
+    from changeover.runtime import standby as standby_module
+    from changeover.runtime.loop import Driver
 
     old = _job_with_running_run(settings, desired="MOVE")
     root = tmp_path / "own"
@@ -839,10 +847,10 @@ def test_a_follower_that_cannot_prime_replays_committed_batches_through_the_cut_
         s.get(JobRun, old).checkpoint_root = str(tmp_path / "leader")
     lease.announce_last_batch(settings.database_url, old, {"totals": 5, "windows": 5})
     follower = _FollowerOfOtherStages(settings, standby, old, root, batches=2, at=2)
-    monkeypatch.setattr(driver, "Follower", lambda *_args: follower)
-    monkeypatch.setattr(driver, "warm_up", lambda _spark, _seconds: True)
-    monkeypatch.setattr(driver, "STANDBY_WAIT_SECONDS", 10.0)  # the old loop waited idle: it ends, not hangs
-    handed = driver.Driver(settings, "clicks", standby).await_handoff(None, [SimpleNamespace(name="totals")])
+    monkeypatch.setattr(standby_module, "Follower", lambda *_args: follower)
+    monkeypatch.setattr(standby_module, "warm_up", lambda _spark, _seconds: True)
+    monkeypatch.setattr(standby_module, "STANDBY_WAIT_SECONDS", 10.0)  # the old loop waited idle: it ends, not hangs
+    handed = Driver(settings, "clicks", standby).await_hand_over(None, [SimpleNamespace(name="totals")])
     assert handed is not None and handed.root == root and handed.queries is None
     assert follower.steps == [("cut_over", False, {"totals": 2}), ("cut_over", False, {"totals": 3}),
                               ("cut_over", False, {"totals": 4})]
@@ -857,8 +865,8 @@ def test_a_follower_whose_next_batch_its_predecessor_purged_ends_and_removes_its
     spark.sql.streaming.minBatchesToRetain): it cannot follow, so it ends by itself, having written nothing, and
     removes its own checkpoint, which an abort that finds it ended would not. The job was never stopped for it.
     Handed the job a moment before, it is the job's run: it is not ended, and its checkpoint stays."""
-    from changeover.runtime.driver import Driver
     from changeover.runtime.follower import Follower
+    from changeover.runtime.loop import Driver
 
     old = _job_with_parked_run(settings, lease_left=3600) if handed else _job_with_running_run(settings)
     leader, own = tmp_path / "leader", tmp_path / "own"
@@ -886,7 +894,7 @@ def test_a_follower_whose_next_batch_its_predecessor_purged_ends_and_removes_its
 
 def test_a_follower_sees_its_predecessor_asked_to_move_only_while_it_is_the_jobs_run(settings: Settings,
                                                                                     tmp_path: Path) -> None:
-    """While the predecessor is asked to move, its follower replays only committed batches (`Driver._follow`): the
+    """While the predecessor is asked to move, its follower replays only committed batches (`Standby._follow`): the
     one it runs may be its last. Not asked, or no longer the job's run, it replays the running batch too."""
     old = _job_with_running_run(settings)
     follower = _follower(settings, old, tmp_path / "own")
@@ -918,8 +926,8 @@ def test_a_driver_short_of_the_last_batch_starts_the_jobs_queries_there_and_is_l
         settings: Settings, tmp_path: Path, driver_queries: list[_QueriesInOrder]) -> None:
     """The queries start on the predecessor's last batch, run it without writing, and the follower says it is level
     there before any write of its own; their first commit of their own is the batch after it."""
-    from changeover.runtime.driver import Driver
     from changeover.runtime.follower import Follower
+    from changeover.runtime.loop import Driver
 
     old, leader, own = _short_of_the_last_batch(settings, tmp_path)
     standby = _follower(settings, old, own, caught_up_to=2)
@@ -944,8 +952,8 @@ def test_a_driver_short_of_the_last_batch_whose_predecessor_planned_past_it_stop
     """The predecessor logged batch 4 as its stop came: the queries stop, their replay of 3 uncommitted, before
     planning a 4 of their own, and the follower is not said level (it then primes from the predecessor's checkpoint,
     taking its 4: `Follower.finish`)."""
-    from changeover.runtime.driver import Driver
     from changeover.runtime.follower import Follower
+    from changeover.runtime.loop import Driver
 
     old, leader, own = _short_of_the_last_batch(settings, tmp_path)
     spark_batch(leader / "totals", 4, 4, {4: 1_800_000_004.0}, None)
@@ -965,8 +973,8 @@ def test_a_driver_short_of_the_last_batch_of_two_stages_commits_it_in_both_or_in
     """The demo's `clicks` has two stages, each a query of its own: the follower is said level once both have
     replayed the predecessor's last batch; when the predecessor logged a batch past it in one stage, neither commits
     it, and both prime from the predecessor's checkpoint (`Follower.finish`)."""
-    from changeover.runtime.driver import Driver
     from changeover.runtime.follower import Follower
+    from changeover.runtime.loop import Driver
 
     old, leader, own = _short_of_the_last_batch(settings, tmp_path, stages=("totals", "windows"))
     if planned_past:
@@ -1011,15 +1019,16 @@ def test_a_driver_whose_cut_over_ends_after_a_stage_committed_the_last_batch_end
     """One stage's checkpoint holds the predecessor's last batch, committed by the job's own queries, which may have
     begun to plan the next alone: that checkpoint can no longer follow the predecessor, so the follower ends, having
     written nothing, instead of following on (the next step starts another)."""
-    from changeover.runtime import driver
+    from changeover.runtime import standby as standby_module
     from changeover.runtime.follower import Follower
+    from changeover.runtime.loop import Driver
 
     _QueriesInOrder.made = []
-    monkeypatch.setattr(driver, "StageQueries", _WindowsCommitsLate)
-    monkeypatch.setattr(driver, "PRIME_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(standby_module, "StageQueries", _WindowsCommitsLate)
+    monkeypatch.setattr(standby_module, "PRIME_CHECK_SECONDS", 0.0)
     old, leader, own = _short_of_the_last_batch(settings, tmp_path, stages=("totals", "windows"))
     standby = _follower(settings, old, own, caught_up_to=2)
-    moving = driver.Driver(settings, "clicks", standby)
+    moving = Driver(settings, "clicks", standby)
     follower = Follower(None, [SimpleNamespace(name="totals"), SimpleNamespace(name="windows")], own, leader,  # type: ignore[list-item]
                         moving._leader_stopped)
     assert moving._prime(follower, []) is None  # type: ignore[arg-type]
@@ -1038,7 +1047,8 @@ def test_a_primed_driver_whose_cut_over_ends_is_ended_before_its_queries_stand_d
     """Its queries started and the hand-over did not come: the standby is ended first, so a write waiting in the
     fence is refused rather than let through, then its queries stand down and its checkpoint, which may hold a batch
     they planned alone, is removed. Handed the job in that moment, it keeps its checkpoint and starts again."""
-    from changeover.runtime.driver import Driver, Handed
+    from changeover.runtime.loop import Driver
+    from changeover.runtime.standby import Handed
 
     old = _job_with_parked_run(settings, lease_left=3600)
     root = tmp_path / "own"
@@ -1228,9 +1238,9 @@ def test_a_savepoint_being_built_holds_the_parked_runs_lease_and_only_while_it_b
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """A build slower than the lease (large state, a store on another filesystem) used to let the parked run resume
     under it, and the next try park it again under a new savepoint, so the job never moved."""
-    from changeover import savepoints
     from changeover.cluster import wait_for
     from changeover.registry.models import Savepoint
+    from changeover.savepoints import taking
 
     monkeypatch.setenv("CHANGEOVER_LEASE_SECONDS", "3")  # the job's lease, renewed every second while building
     run_id = _job_with_parked_run(settings, lease_left=1)
@@ -1247,13 +1257,13 @@ def test_a_savepoint_being_built_holds_the_parked_runs_lease_and_only_while_it_b
     assert lease.extend(settings.database_url, "clicks", run_id) is None
     with session_scope(settings.database_url) as s:
         s.get(Job, "clicks").desired = "MOVE"
-    with savepoints._leased(settings, "clicks", "sp", "builder", parked_run=run_id):
+    with taking._leased(settings, "clicks", "sp", "builder", parked_run=run_id):
         wait_for(lambda: extensions() >= 3 and utcnow() > first_until, 30, "the build outlasting the first lease")
-        assert lease.decide(settings.database_url, "clicks", run_id) == "wait"
+        assert lease.next_action(settings.database_url, "clicks", run_id, hold_a_write_of) == "wait"
     extended = extensions()
     with session_scope(settings.database_url) as s:
         assert as_utc(s.get(JobRun, run_id).lease_until) > first_until
-    wait_for(lambda: lease.decide(settings.database_url, "clicks", run_id) == "resume", 30,
+    wait_for(lambda: lease.next_action(settings.database_url, "clicks", run_id, hold_a_write_of) == "resume", 30,
              "the lease running out once the build is over")
     assert extensions() == extended  # not renewed after the build
 
@@ -1299,7 +1309,8 @@ def test_the_epoch_grows_with_every_change_of_ownership_so_a_run_that_reclaims_o
     it fenced, though its run id is smaller."""
     first = _job_with_parked_run(settings, lease_left=0)
     second = _successor(settings)
-    assert lease.decide(settings.database_url, "clicks", first) == "resume"  # the successor never wrote
+    # the successor never wrote
+    assert lease.next_action(settings.database_url, "clicks", first, hold_a_write_of) == "resume"
 
     with session_scope(settings.database_url) as s:
         epochs = {run.id: run.epoch for run in s.scalars(select(JobRun))}
@@ -1449,6 +1460,8 @@ def test_a_launch_still_laying_out_its_checkpoint_is_not_taken_for_never_accepte
     """A large state copies slowly: the run has no submission id yet, and its silence passes the loss deadline, but
     it is not ended while its root is marked; once the marker is gone (a copy cut short never removes it, and the
     next continuation copies from the source), the deadline applies again."""
+    from changeover.jobs.observing import _unaccepted
+
     monkeypatch.setenv("CHANGEOVER_LOST_AFTER_SECONDS", "0")
     run_id = _job_with_running_run(settings)
     root = tmp_path / "laying-out"
@@ -1458,12 +1471,12 @@ def test_a_launch_still_laying_out_its_checkpoint_is_not_taken_for_never_accepte
         run = s.get(JobRun, run_id)
         run.state, run.checkpoint_root, run.submitted_at = "SUBMITTED", str(root), utcnow() - timedelta(hours=1)
     with session_scope(settings.database_url) as s:
-        jobs._unaccepted(s, s.get(JobRun, run_id))
+        _unaccepted(s, s.get(JobRun, run_id))
     with session_scope(settings.database_url) as s:
         assert s.get(JobRun, run_id).ended_at is None
     (root / jobs.LAYING_OUT).unlink()
     with session_scope(settings.database_url) as s:
-        jobs._unaccepted(s, s.get(JobRun, run_id))
+        _unaccepted(s, s.get(JobRun, run_id))
     with session_scope(settings.database_url) as s:
         assert s.get(JobRun, run_id).state == "KILLED"
 
@@ -1478,7 +1491,7 @@ def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
 
     from changeover.registry import db
     from changeover.runtime import checkpoints
-    from changeover.runtime.driver import Driver, GaveUp
+    from changeover.runtime.loop import Driver, GaveUp
 
     if settings.database_url.startswith("postgresql"):
         refusing = settings.database_url.rsplit("/", 1)[0] + "/no_such_registry"
@@ -1495,7 +1508,7 @@ def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
     refused, root = parked_on(refusing), tmp_path / "refused-checkpoint"
     root.mkdir()
     with pytest.raises(GaveUp, match="the registry refused it"):
-        refused._decide(root)
+        refused._next_action(root)
     assert (checkpoints.read_gave_up(root) or "").startswith("parked, it gave up its lease and ended after 0 s: "
                                                              "the registry refused it (")
     monkeypatch.setattr(db, "REGISTRY_PATIENCE_SECONDS", 1.0)
@@ -1504,7 +1517,7 @@ def test_a_parked_run_gives_up_on_a_registry_that_answers_no_or_never_answers(
     started = time.monotonic()
     try:
         with pytest.raises(GaveUp, match="the registry did not answer"):
-            while unanswered._decide(root) == "wait":
+            while unanswered._next_action(root) == "wait":
                 time.sleep(0.05)
     finally:
         closed.close()

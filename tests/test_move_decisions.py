@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from changeover.upgrade.relocate import Observed, decide
+from changeover.upgrade.relocate import Observation, decide
 
-RUNNING = Observed(state="RUNNING", desired="RUN", placed=False, member_draining=False)
+RUNNING = Observation(state="RUNNING", desired="RUN", placed=False, member_draining=False)
 
 CASES = [
     ("running on the target, off the member", replace(RUNNING, placed=True), "done"),
@@ -32,5 +32,5 @@ CASES = [
 
 
 @pytest.mark.parametrize(("observed", "decision"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_a_moves_next_step(observed: Observed, decision: str) -> None:
+def test_a_moves_next_step(observed: Observation, decision: str) -> None:
     assert decide(observed) == decision

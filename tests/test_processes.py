@@ -69,7 +69,7 @@ def test_a_group_whose_leader_is_a_zombie_but_whose_child_runs_on_is_killed(tmp_
 
 
 def test_a_spawned_process_holds_none_of_its_starters_sockets(tmp_path: Path) -> None:
-    """The fix of Airflow's deferral race (tests/e2e/dags/deferral_race.py reproduces it, under `make soak`): a
+    """The fix of Airflow's deferral race (tests/e2e/dags/deferral_race.py reproduces it, under `make test-e2e`): a
     process that a task starts must not hold the task's stdin, a socket to the task's supervisor, or the task's exit
     is seen only when that process ends."""
     supervisor, task_end = socket.socketpair()

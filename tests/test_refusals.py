@@ -5,14 +5,13 @@ import socket
 from pathlib import Path
 
 import pytest
-from changeover.cluster import LocalCluster
+from changeover.cluster import LocalCluster, routing
 from changeover.cluster.ports import require_free
 from changeover.cluster.runtimes import find_runtime
 from changeover.errors import ChangeoverError
 from changeover.names import check_name
 from changeover.runtime import Stage
 from changeover.settings import Settings
-from changeover.upgrade import routing
 from changeover.upgrade.member_upgrade import upgrade_member
 
 

@@ -17,13 +17,12 @@ from changeover.compat import rescale_check
 from changeover.compat.checker import Report
 from changeover.compat.rules import Verdict
 from changeover.errors import ChangeoverError
-from changeover.jobs import code_update
-from changeover.jobs.spark_settings import state_store_confs
 from changeover.runtime import checkpoints, state_partitions
 from changeover.runtime.sinks.base import WriteContext
 from changeover.runtime.sinks.files import BATCHES, Files
-from changeover.runtime.state_partitions import HDFS, PARTITIONS, PROVIDER, ROCKSDB, SET_ASIDE
+from changeover.runtime.state_partitions import HDFS, PARTITIONS, PROVIDER, ROCKSDB, SET_ASIDE, state_store_confs
 from changeover.settings import Settings
+from changeover.upgrade import code_update
 
 
 def _entry(partitions: int, provider: str | None, log_offset: int) -> str:

@@ -8,11 +8,13 @@ import pytest
 from changeover import audit, savepoints
 from changeover.errors import ChangeoverError
 from changeover.handoff import lease
-from changeover.jobs import code_update
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Savepoint, UpgradeRun, utcnow
+from changeover.runtime.sinks import hold_a_write_of
+from changeover.savepoints import taking
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
+from changeover.upgrade import code_update
 from sqlalchemy import select
 
 
@@ -203,7 +205,7 @@ def test_a_long_build_renews_its_lease(settings: Settings, tmp_path: Path, monke
     _job_with_checkpoint(settings, tmp_path / "cp")
     monkeypatch.setenv("CHANGEOVER_SAVEPOINT_LEASE_SECONDS", "0.6")
     renewed: list[object] = []
-    real_build = savepoints._build
+    real_build = taking._build
 
     def slow_build(*args: object) -> Savepoint:
         """The copy takes five lease lengths; the lease must be renewed meanwhile, or another host clears it."""
@@ -216,7 +218,7 @@ def test_a_long_build_renews_its_lease(settings: Settings, tmp_path: Path, monke
         wait_for(lease_moved, 10, "the savepoint's lease renewed twice")
         return real_build(*args)
 
-    monkeypatch.setattr(savepoints, "_build", slow_build)
+    monkeypatch.setattr(taking, "_build", slow_build)
     assert savepoints.take(settings, "clicks", "sp2", mode="continue").status == "COMPLETED"
 
 
@@ -224,7 +226,7 @@ def test_a_stop_savepoint_of_a_parked_run_holds_its_lease_while_it_builds(settin
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """`take` in mode stop hands the parked run to the build's lease (test_leases_and_fencing has the lease's own
     decisions): a copy slower than the job's lease keeps the run parked for its move, instead of letting it resume
-    and park again under a new savepoint (the real copy, slowed by a fault point, is a `make soak` case)."""
+    and park again under a new savepoint (the real copy, slowed by a fault point, is a `make test-e2e` case)."""
     _fake_committed_checkpoint(tmp_path / "cp")
     _job_with_checkpoint(settings, tmp_path / "cp", state="PARKED")
     monkeypatch.setenv("CHANGEOVER_LEASE_SECONDS", "3")  # renewed every second while the copy runs
@@ -238,15 +240,15 @@ def test_a_stop_savepoint_of_a_parked_run_holds_its_lease_while_it_builds(settin
     def extensions() -> int:
         return len([e for e in audit.find(settings.database_url, job="clicks") if e.action == "job.lease.extend"])
 
-    real_build = savepoints._build
+    real_build = taking._build
 
     def slow_build(*args: object) -> Savepoint:
         from changeover.cluster import wait_for
         wait_for(lambda: extensions() >= 3 and utcnow() > first_until, 30, "the copy outlasting the run's lease")
-        assert lease.decide(settings.database_url, "clicks", run_id) == "wait"
+        assert lease.next_action(settings.database_url, "clicks", run_id, hold_a_write_of) == "wait"
         return real_build(*args)
 
-    monkeypatch.setattr(savepoints, "_build", slow_build)
+    monkeypatch.setattr(taking, "_build", slow_build)
     assert savepoints.take(settings, "clicks", "stop-1", mode="stop").status == "COMPLETED"
     with session_scope(settings.database_url) as s:
         assert as_utc(s.get(JobRun, run_id).lease_until) > first_until
@@ -258,7 +260,7 @@ def test_a_builder_whose_savepoint_was_taken_over_publishes_nothing(settings: Se
     comes to publish, the row is not its own: A removes its staging and leaves the other build alone."""
     _fake_committed_checkpoint(tmp_path / "cp")
     _job_with_checkpoint(settings, tmp_path / "cp")
-    real_build = savepoints._build
+    real_build = taking._build
 
     def taken_over_meanwhile(*args: object) -> Savepoint:
         with session_scope(settings.database_url) as s:  # what the other host's reconcile and take leave
@@ -266,7 +268,7 @@ def test_a_builder_whose_savepoint_was_taken_over_publishes_nothing(settings: Se
             row.owner, row.lease_until = "builder-host-2:4242:99", utcnow() + timedelta(seconds=600)
         return real_build(*args)
 
-    monkeypatch.setattr(savepoints, "_build", taken_over_meanwhile)
+    monkeypatch.setattr(taking, "_build", taken_over_meanwhile)
     with pytest.raises(ChangeoverError, match="this builder lost its lease on it"):
         savepoints.take(settings, "clicks", "sp3", mode="continue")
     with session_scope(settings.database_url) as s:

@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from changeover import audit, savepoints
+from changeover import audit
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, SinkLedger
+from changeover.savepoints.restoring import _align_sinks
 from changeover.settings import Settings
 from sqlalchemy import func, select
 
@@ -39,9 +40,9 @@ def test_an_at_least_once_foreach_sink_ahead_is_refused_unless_duplicates_are_ac
     with pytest.raises(ChangeoverError, match=r"the foreach sink of stage audit is ahead of the savepoint: it wrote "
                                               r"up to batch 6, the savepoint stands at batch 3, so the replayed "
                                               r"batches would be delivered twice.*--accept-duplicates"):
-        savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), True, False)
+        _align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), True, False)
     assert _newest(settings) == 6  # refused: nothing changed
-    savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), False, True)
+    _align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), False, True)
     assert _newest(settings) == 3
     rewinds = [e for e in audit.find(settings.database_url, job="audit") if e.action == "sink.rewind"]
     assert [(e.details["from_batch"], e.details["to_batch"]) for e in rewinds] == [(6, 3)]
@@ -49,7 +50,7 @@ def test_an_at_least_once_foreach_sink_ahead_is_refused_unless_duplicates_are_ac
 
 def test_an_idempotent_foreach_sink_is_written_again_without_asking(settings: Settings, tmp_path: Path) -> None:
     _written_up_to(settings, 6)
-    savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("idempotent"), False, False)
+    _align_sinks(settings, "audit", "older", tmp_path, _stage("idempotent"), False, False)
     assert _newest(settings) == 3
 
 
@@ -61,22 +62,22 @@ def test_the_batch_a_savepoint_replays_goes_on_for_every_sink(settings: Settings
     _written_up_to(settings, 4)  # batch 4's offsets are in the savepoint: Spark replays it with the same ones
     keyed = {"audit": {"batch": 3, "replay_through": 4,
                        "sink": {"kind": "keyed_table", "url": settings.database_url, "table": "t", "keys": ["k"]}}}
-    savepoints._align_sinks(settings, "audit", "older", tmp_path, keyed, False, False)
-    savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), False, False)
+    _align_sinks(settings, "audit", "older", tmp_path, keyed, False, False)
+    _align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), False, False)
     assert _newest(settings) == 4
     with session_scope(settings.database_url) as s:
         s.add(SinkLedger(job="audit", stage="audit", batch_id=5, rows=0, run_id=1))
     with pytest.raises(ChangeoverError, match="would be delivered twice"):  # past the replayed batch: not a replay
-        savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), False, False)
+        _align_sinks(settings, "audit", "older", tmp_path, _stage("at-least-once"), False, False)
 
 
 def test_a_rewind_asked_for_takes_back_the_batch_the_savepoint_replays(settings: Settings, tmp_path: Path) -> None:
     """A rollback to other code: the replayed batch is written again by the code resumed, not kept as the
     code it replaces wrote it."""
     _written_up_to(settings, 4)
-    savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("idempotent"), False, False)
+    _align_sinks(settings, "audit", "older", tmp_path, _stage("idempotent"), False, False)
     assert _newest(settings) == 4  # not asked: the replay writes the same result over it
-    savepoints._align_sinks(settings, "audit", "older", tmp_path, _stage("idempotent"), True, False)
+    _align_sinks(settings, "audit", "older", tmp_path, _stage("idempotent"), True, False)
     assert _newest(settings) == 3
     rewinds = [e for e in audit.find(settings.database_url, job="audit") if e.action == "sink.rewind"]
     assert [(e.details["from_batch"], e.details["to_batch"]) for e in rewinds] == [(4, 3)]
@@ -85,4 +86,4 @@ def test_a_rewind_asked_for_takes_back_the_batch_the_savepoint_replays(settings:
 def test_a_savepoint_that_does_not_name_its_sinks_is_refused(settings: Settings, tmp_path: Path) -> None:
     _written_up_to(settings, 4)
     with pytest.raises(ChangeoverError, match="the savepoint does not say which sink stage audit writes"):
-        savepoints._align_sinks(settings, "audit", "older", tmp_path, {"audit": {"batch": 3}}, True, True)
+        _align_sinks(settings, "audit", "older", tmp_path, {"audit": {"batch": 3}}, True, True)

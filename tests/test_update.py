@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 from changeover import audit
 from changeover.cluster import LocalCluster
+from changeover.cluster.shipping import store_job_code
 from changeover.errors import ChangeoverError
-from changeover.jobs import code_update
-from changeover.jobs.shipping import store_job_code
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Savepoint, utcnow
 from changeover.settings import Settings
-from changeover.upgrade import zero_downtime
+from changeover.upgrade import code_update, zero_downtime
 
 JOB_CODE = "from changeover.runtime import Stage\n\n\ndef build(spark, ctx):\n    return []\n"
 

@@ -21,9 +21,9 @@ import pytest
 from changeover import audit, faults, jobs, savepoints
 from changeover.cli.generator import Generator
 from changeover.cluster import LocalCluster, wait_for
+from changeover.cluster.spark_settings import SparkSettings
 from changeover.errors import ChangeoverError
 from changeover.jobs import move_history
-from changeover.jobs.spark_settings import SparkSettings
 from changeover.registry.db import session_scope
 from changeover.registry.models import JobRun, SinkLedger
 from changeover.runtime import KeyedTable
@@ -162,9 +162,10 @@ def test_a_join_into_a_keyed_table_and_a_foreach_batch_job_move_exact_and_surviv
         jobs.cancel(live.settings, live.cluster, job, reason="test finished with it")
 
 
+@pytest.mark.long  # make test keeps its fallback decisions without Spark (test_move_decisions, test_leases_and_fencing)
 def test_a_standby_killed_before_the_hand_over_leaves_the_job_running_and_the_move_goes_cold(live: Cluster,
                                                                                           tmp_path: Path) -> None:
-    """A warm move's fallback before the handoff: its standby on 4.3.0 dies while the job still runs on 4.2.0. The
+    """A warm move's fallback before the hand-over: its standby on 4.3.0 dies while the job still runs on 4.2.0. The
     job was never asked to stop; the move then goes cold, and the job ends exact."""
     generator = feeding(tmp_path / "landing")
     try:
@@ -195,7 +196,7 @@ def test_a_standby_killed_before_the_hand_over_leaves_the_job_running_and_the_mo
 
 def test_a_standby_failing_after_the_hand_over_hands_the_job_back_to_its_parked_run_exact(live: Cluster,
                                                                                         tmp_path: Path) -> None:
-    """A warm move's fallback after the handoff: the standby on 4.3.0 gets ready (its warm-up is not the job's
+    """A warm move's fallback after the hand-over: the standby on 4.3.0 gets ready (its warm-up is not the job's
     code), is handed the restored checkpoint, and its first batch fails there. The parked 4.2.0 run takes the job
     back at once, from the batch of the savepoint, and the job ends exact in both its sinks: a keyed table and a
     files sink, each fenced inside its write."""
@@ -256,9 +257,9 @@ def test_an_unchanged_script_runs_as_a_batch_job_with_its_own_spark_settings(liv
     assert str(jar) in found["spark.jars"]
 
 
-@pytest.mark.soak  # make test's zero-downtime cases: the roll through the scheduler (its ledger split at the parked
-# batch, its savepoint, exact) and the guide job's follower killed in its cut-over, below; this one adds the parquet
-# sink's split and the freshness bounds, and bench/downtime.py (e) measures the same job's move
+@pytest.mark.long  # make test's zero-downtime cases: update_job's through the scheduler (its ledger split at the
+# parked batch, its savepoint, exact) and the guide job's follower killed in its cut-over, below; this one adds the
+# parquet sink's split and the freshness bounds, and bench/downtime.py (e) measures the same job's move
 def test_the_guides_count_moves_with_zero_downtime_its_follower_writing_from_the_parked_batch_on(
         live: Cluster, tmp_path: Path) -> None:
     """Issue 27's move: the standby on 4.3.0 follows the running job read-only from a continue savepoint, writing
@@ -309,11 +310,12 @@ def test_the_guides_count_moves_with_zero_downtime_its_follower_writing_from_the
     assert down - 1.0 <= moved[0].freshness <= down + 10.0, (down, moved[0])
     print(f"zero-downtime move: {moved[0].describe()}; on the checkpoints' clock {down:.2f} s")
     with session_scope(live.settings.database_url) as s:
-        cutover = savepoints.get_savepoint(s, "zerodowntime", f"upgrade-run{first.id}-stop1")
-        assert cutover.status == "COMPLETED" and cutover.stages == {"windowed_counts": parked_at}
+        at_cut_over = savepoints.get_savepoint(s, "zerodowntime", f"upgrade-run{first.id}-stop1")
+        assert at_cut_over.status == "COMPLETED" and at_cut_over.stages == {"windowed_counts": parked_at}
     jobs.cancel(live.settings, live.cluster, "zerodowntime", reason="test finished with it")
 
 
+@pytest.mark.long  # make test keeps the catch-up deadline's decision without Spark (test_drain_decisions.py)
 def test_a_follower_too_slow_to_catch_up_is_aborted_and_the_live_run_never_stops(live: Cluster,
                                                                                  tmp_path: Path) -> None:
     """The abort path: the job's code is slow on 4.3.0 (50 ms an event), so its follower there falls further behind

@@ -5,8 +5,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from changeover.cluster import shipping
 from changeover.cluster.runtimes import find_runtime, java_home
-from changeover.jobs import shipping
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun
 from changeover.settings import Settings

@@ -5,11 +5,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from changeover.cluster import LocalCluster, processes, wait_for
+from changeover.cluster import LocalCluster, processes, routing, wait_for
 from changeover.cluster.ports import free_port
 from changeover.cluster.runtimes import find_runtime, java_home
 from changeover.settings import Settings
-from changeover.upgrade import routing
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from changeover import audit
 from changeover.registry.db import session_scope
 
 from changeover_airflow.hooks import ChangeoverHook
-from changeover_airflow.operators import _bool, acting_settings, upgrade_key
+from changeover_airflow.operators.base import _bool, acting_settings, upgrade_key
 
 
 class PlanApprovalOperator(ApprovalOperator):

@@ -1,12 +1,12 @@
-"""The leak checker's operator, thin over `changeover.cluster.leaks`."""
+"""The leak checker's operator, thin over `changeover.housekeeping.leaks`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from changeover.cluster import leaks
 from changeover.errors import NeedsOperator
+from changeover.housekeeping import leaks
 
 from changeover_airflow.operators import ChangeoverOperator
 

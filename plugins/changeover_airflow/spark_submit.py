@@ -17,8 +17,8 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from changeover import jobs
 from changeover.cluster import membership_for
+from changeover.cluster.spark_settings import SparkSettings
 from changeover.errors import ChangeoverError
-from changeover.jobs.spark_settings import SparkSettings
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun
 from changeover.settings import Settings

@@ -9,9 +9,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from changeover import audit
 from changeover.cluster import membership_for
 from changeover.cluster.spark_master import MasterUnreachable
-from changeover.jobs import code_update
 from changeover.settings import Settings
-from changeover.upgrade import member_upgrade, roll
+from changeover.upgrade import code_update, member_upgrade, roll
 from changeover.upgrade.zero_downtime import CatchUp
 
 # A deferring task's worker reports its own exit after it defers. A trigger that fires before the

@@ -10,11 +10,11 @@ from datetime import datetime
 from typing import Any
 
 from changeover import jobs, savepoints
-from changeover.cluster import membership_for
+from changeover.cluster import membership_for, routing
 from changeover.errors import ChangeoverError
 from changeover.jobs import move_history
 from changeover.settings import Settings
-from changeover.upgrade import lock, routing, timeline
+from changeover.upgrade import lock, timeline
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, RedirectResponse
 

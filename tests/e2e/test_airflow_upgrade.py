@@ -361,7 +361,7 @@ def _task_log_tail(stack: Stack, run_id: str, dag_id: str = "rolling_upgrade") -
 # orchestrator, without Spark on both registries (test_leases_and_fencing, test_lease_decisions); a real parked driver
 # takes its job back (test_user_jobs); a roll task killed mid-drain, mid-savepoint and mid-launch goes on at its retry
 # through the scheduler (the UI upgrade above).
-@pytest.mark.soak
+@pytest.mark.long
 @pytest.mark.only_on("sqlite", "run once, on the embedded default; the PostgreSQL run has the forced failure")
 def test_a_killed_scheduler_leaves_no_job_stopped_and_a_restart_finishes_the_run(
     stack: Stack, members: list[str]
@@ -401,6 +401,7 @@ def test_a_killed_scheduler_leaves_no_job_stopped_and_a_restart_finishes_the_run
     _assert_exact(stack, "clicks_outage", generator)
 
 
+@pytest.mark.long  # 2 min; make test keeps a zero-downtime move through the scheduler in update_job's case
 @pytest.mark.only_on("sqlite", "run once, on the embedded default; the PostgreSQL run has the forced failures")
 def test_a_zero_downtime_roll_through_the_scheduler_moves_the_job_once_through_its_follower_exact(
     stack: Stack, members: list[str]
@@ -439,8 +440,9 @@ def test_a_zero_downtime_roll_through_the_scheduler_moves_the_job_once_through_i
     _assert_exact(stack, "clicks_zd", generator)
     parked = next(e.details for e in audit.find(stack.settings.database_url, job="clicks_zd") if e.action == "job.park")
     with session_scope(stack.settings.database_url) as s:
-        cutover = s.scalar(select(Savepoint).where(Savepoint.job == "clicks_zd", Savepoint.mode == "stop"))
-    assert cutover is not None and cutover.status == "COMPLETED" and cutover.stages == parked["progress"], cutover
+        at_cut_over = s.scalar(select(Savepoint).where(Savepoint.job == "clicks_zd", Savepoint.mode == "stop"))
+    assert (at_cut_over is not None and at_cut_over.status == "COMPLETED"
+            and at_cut_over.stages == parked["progress"]), at_cut_over
     _assert_ledger_split(stack, "clicks_zd", parked["progress"], made[0].from_run, made[0].to_run)
 
 
@@ -484,7 +486,7 @@ def _running_again(stack: Stack, name: str) -> bool:
             and as_utc(current.last_commit_at) > as_utc(parks[-1])
 
 
-@pytest.mark.soak  # its fix is checked in tests/test_processes.py; the reproduction takes two minutes of Airflow
+@pytest.mark.long  # its fix is checked in tests/test_processes.py; the reproduction takes two minutes of Airflow
 @pytest.mark.only_on("sqlite", "the race is the scheduler's, whatever its database: run once")
 def test_the_deferral_race_is_reproduced_and_both_fixes_avoid_it(stack: Stack) -> None:
     airflow = stack.airflow
@@ -697,6 +699,7 @@ def _rescales(stack: Stack, job: str) -> list[tuple[int, int]]:
             for e in audit.find(stack.settings.database_url, job=job) if e.action == "job.rescale"]
 
 
+@pytest.mark.long  # 2 min; make test keeps the rescale's decisions without Spark (test_rescale_decisions.py)
 @pytest.mark.only_on("sqlite", "the DAG's steps run once, on the embedded default; the registry's own PostgreSQL "
                      "cases cover the run's column")
 def test_update_job_grows_a_jobs_state_partitions_exact_and_a_failed_shrink_rolls_back(
@@ -765,10 +768,10 @@ def test_update_job_grows_a_jobs_state_partitions_exact_and_a_failed_shrink_roll
         stack.cluster.down()
 
 
-# Under `make soak` (4 min): CI's hour keeps the platform's cluster adopted, a host refused, a roll stopped by a lost
+# Under `make test-e2e` (4 min): CI keeps the platform's cluster adopted, a host refused, a roll stopped by a lost
 # host and its abort (tests/test_existing_cluster.py, without Airflow). Left to this case: a whole roll of the
 # platform's cluster, jobs moved on its masters, and the `connection` Param choosing its connection.
-@pytest.mark.soak
+@pytest.mark.long
 @pytest.mark.only_on("sqlite", "run once: the platform's drivers reach the registry on storage every host sees, a "
                      "SQLite file; this machine's PostgreSQL listens on loopback only, which the hosts do not share")
 def test_a_platforms_own_cluster_rolls_through_the_scheduler_one_move_a_job_exact(stack: Stack,

@@ -102,7 +102,7 @@ def _commits_after(settings: Settings, run_id: int, moment: object) -> bool:
         return run is not None and run.last_commit_at is not None and as_utc(run.last_commit_at) > moment
 
 
-@pytest.mark.soak  # 76 s; a master paused mid-submission (next) keeps a silent master in make test
+@pytest.mark.long  # 76 s; a master paused mid-submission (next) keeps a silent master in make test
 def test_a_paused_master_is_no_news_and_only_a_long_silence_ends_a_run(settings: Settings, cluster: LocalCluster,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     generator = start_clicks(settings, cluster, "paused")
@@ -218,7 +218,7 @@ def _roll_until(settings: Settings, cluster: LocalCluster, key: str, done: bool,
              interval=2.0, retryable=())
 
 
-@pytest.mark.soak  # 3 min; CI's hour keeps the abort that fails then succeeds (next), this one under `make soak`
+@pytest.mark.long  # 3 min; CI's hour keeps the abort that fails then succeeds (next), this one under `make test-e2e`
 def test_a_new_version_that_fails_a_moved_job_stops_the_roll_and_an_abort_runs_it_on_the_old_one(
     settings: Settings, cluster: LocalCluster
 ) -> None:
@@ -341,7 +341,7 @@ def test_an_upgrade_that_succeeded_cannot_be_aborted_and_an_unknown_one_is_named
                                                                                  cluster: LocalCluster) -> None:
     with pytest.raises(ChangeoverError, match="nothing to undo"):
         recovery.abort(settings, cluster, "faults/2")
-    # faults/0 is the soak case's, when it ran before
+    # faults/0 is the long case's, when it ran before
     with pytest.raises(ChangeoverError, match=r"no such upgrade \(latest: faults/2, faults/1(, faults/0)?\)"):
         recovery.status(settings, "faults/9")
 
@@ -403,7 +403,7 @@ def test_a_worker_lost_mid_drain_leaves_no_job_behind(settings: Settings, cluste
         assert s.get(Member, first.member).status == "ACTIVE"
 
 
-@pytest.mark.soak  # 60 s; CI keeps it without Spark on both registries: take(mode="stop") holds the parked
+@pytest.mark.long  # 60 s; CI keeps it without Spark on both registries: take(mode="stop") holds the parked
 # run's lease through a slow copy (test_savepoint_refusals), and only while it builds (test_leases_and_fencing)
 def test_a_savepoint_built_slower_than_the_lease_moves_the_job_once(settings: Settings, cluster: LocalCluster,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -452,8 +452,10 @@ def _parquet_listed_once(output: Path) -> list[dict[str, object]]:
     return [row for path in listed for row in pq.read_table(unquote(urlparse(path).path)).to_pylist()]
 
 
-# The running case is in `make test`; the mid-drain one (91 s) under `make soak`, for CI's hour.
-@pytest.mark.parametrize("mid_drain", [False, pytest.param(True, marks=pytest.mark.soak)], ids=["running", "mid-drain"])
+# Both under `make test-e2e` (84 s and 91 s), for CI's hour: make test keeps the lost driver's decisions without Spark
+# (test_drain_decisions.py, test_lease_decisions.py) and a worker lost mid-drain (above) on a real cluster.
+@pytest.mark.long
+@pytest.mark.parametrize("mid_drain", [False, True], ids=["running", "mid-drain"])
 def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: LocalCluster, tmp_path: Path,
                                                  mid_drain: bool) -> None:
     """The worker process of the job's member is SIGSTOPped until its master declares it lost (spark.worker.timeout,

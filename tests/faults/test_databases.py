@@ -117,7 +117,7 @@ def _exact_in_the_users_database(settings: Settings, cluster: LocalCluster, user
     return runs, writers
 
 
-@pytest.mark.soak  # 120 s, mostly its 60 s lease; CI keeps the decision without Spark on both registries: the
+@pytest.mark.long  # 120 s, mostly its 60 s lease; CI keeps the decision without Spark on both registries: the
 # parked run reads the sink's own ledger and leaves the job to its successor (test_leases_and_fencing)
 def test_a_successor_killed_between_its_commit_in_the_users_database_and_the_registry_loses_nothing(
     users_server: Server, live: tuple[Settings, LocalCluster], monkeypatch: pytest.MonkeyPatch
@@ -155,7 +155,7 @@ def test_a_successor_killed_between_its_commit_in_the_users_database_and_the_reg
     assert runs[1].first_write_at is None and runs[1].id in writers  # it wrote, and only the sink knows
 
 
-@pytest.mark.soak  # the same gap as the case above, the registry down instead of the successor
+@pytest.mark.long  # the same gap as the case above, the registry down instead of the successor
 def test_the_registry_stopped_between_a_commit_in_the_users_database_and_its_record_loses_nothing(
     server: Server, users_server: Server, live: tuple[Settings, LocalCluster], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -272,12 +272,12 @@ def test_the_registry_restarted_mid_move_loses_nothing_and_the_roll_goes_on(
         lock.begin(settings, "restart/1", "4.3.0", {other: "4.2.0", first.member: "4.2.0"})
         roll.start(settings, "restart/1", [other, first.member])
 
-        def handing_off() -> bool:  # the job parked on its member, its successor launched on 4.3.0
+        def handing_over() -> bool:  # the job parked on its member, its successor launched on 4.3.0
             status = roll.step(settings, cluster, "restart/1", 30)
             return status.current == first.member and status.drain is not None and bool(status.drain.handoff)
 
-        wait_for(handing_off, 600, "the job's successor launched", interval=1.0, retryable=())
-        # mid-handoff: the parked run, its successor's start and its first write all need the registry
+        wait_for(handing_over, 600, "the job's successor launched", interval=1.0, retryable=())
+        # during the hand-over: the parked run, its successor's start and its first write all need the registry
         _restart_registry(settings, server, "job restarted ")
         # A roll try that meets the restart fails; its retry goes on from the registry's record, as Airflow's would.
         wait_for(lambda: roll.step(settings, cluster, "restart/1", 30).done, 900, "the roll after the restart",

@@ -5,7 +5,8 @@ backend. `local.LocalCluster` starts masters and workers on loopback from the pe
 `standalone.StandaloneCluster` rolls a platform's cluster through its own command templates (`platform`,
 `host_commands`). `spark_master` is the client of one master's JSON and REST APIs, `rest_auth` signs its
 submissions, `runtimes` installs a Spark version, `processes` and `ports` start and end the processes Changeover
-owns.
+owns. `routing` finds the largest version group, where jobs go; `shipping` and `spark_settings` are what a driver is
+launched with: the job's code and Changeover's, and the job's Spark settings.
 """
 
 from __future__ import annotations

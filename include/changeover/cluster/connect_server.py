@@ -1,4 +1,4 @@
-"""A member's Spark Connect server: the coordinator of the light jobs routed to the member (seed 004).
+"""A member's Spark Connect server: the coordinator of the light jobs routed to the member.
 
 It is a Spark application of the member's version group, its driver on the member's host and its executors
 placed by the group's master, so a light job runs on one version only. It is small on purpose: one executor

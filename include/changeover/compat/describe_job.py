@@ -11,8 +11,8 @@ import json
 import sys
 from typing import Any
 
-from changeover.compat.plan import describe_stages
 from changeover.runtime.contract import JobContext
+from changeover.runtime.plan import describe_stages
 
 MARKER = "CHANGEOVER-PLANS "
 

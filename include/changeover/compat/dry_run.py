@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from changeover.cluster.shipping import JobCode
 from changeover.compat.checker import Report
 from changeover.compat.dry_run_job import MARKER
 from changeover.compat.extract import in_runtime
 from changeover.errors import ChangeoverError
-from changeover.jobs.shipping import JobCode
 from changeover.runtime import checkpoints
 from changeover.settings import Settings
 

@@ -12,10 +12,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from changeover.cluster.runtimes import find_runtime, java_home
+from changeover.cluster.shipping import JobCode, runtime_artifacts, store_job_code
+from changeover.cluster.spark_settings import SparkSettings
 from changeover.compat.describe_job import MARKER
 from changeover.errors import ChangeoverError
-from changeover.jobs.shipping import JobCode, runtime_artifacts, store_job_code
-from changeover.jobs.spark_settings import SparkSettings
 from changeover.settings import Settings
 
 
@@ -69,6 +69,6 @@ def in_runtime(settings: Settings, version: str, shipped: JobCode, entry: str, a
 
 def describe_stages_of(settings: Settings, job: str, shipped: JobCode, options: dict[str, Any], version: str
                        ) -> dict[str, dict[str, Any]]:
-    """Each stage's plan as `changeover.compat.plan` describes it, from the job's code shipped as for a launch."""
+    """Each stage's plan as `changeover.runtime.plan` describes it, from the job's code shipped as for a launch."""
     return in_runtime(settings, version, shipped, "changeover.compat.describe_job", ["--job", job], options,
                       MARKER, f"building the stages of job {job} ({shipped.module})")

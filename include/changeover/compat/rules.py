@@ -1,6 +1,7 @@
 """The rule catalogue: each rule has a stable id, the verdict it gives, and the fix it suggests.
 
-The rules translate seed 002's supported and unsupported changes and seed 003's state-type rule to Spark,
+The rules translate a job update's supported and unsupported changes and the rule that state types may not
+change to Spark,
 with Spark's own "Recovery Semantics after Changes in a Streaming Query" on top. Ids never change meaning;
 a retired rule keeps its id unused.
 """
@@ -52,13 +53,13 @@ RULES = _rules(
          "with wrong results"),
     Rule("CO-KEY-01", X, "the state's key changed: grouping or key columns differ",
          "keep the grouping columns, or compute the new grouping in a new stage"),
-    Rule("CO-KEY-02", X, "the type of a key column changed (seed 003: state types may not change)",
+    Rule("CO-KEY-02", X, "the type of a key column changed (state types may not change)",
          "cast the column back to its old type before the stateful operator"),
-    Rule("CO-VAL-01", X, "the type of a state value changed (seed 003: state types may not change)",
+    Rule("CO-VAL-01", X, "the type of a state value changed (state types may not change)",
          "cast the aggregated column back to its old type"),
     Rule("CO-WIN-01", W, "the window's size or slide changed",
          "nothing required; during a transition period, windows opened before the change close with their "
-         "old boundaries and counts, and windows opened after it use the new ones (seed 002)"),
+         "old boundaries and counts, and windows opened after it use the new ones"),
     Rule("CO-WIN-02", X, "the window kind changed (e.g. sliding to session): the state is keyed differently",
          "keep the window kind, or compute the new windows in a new stage"),
     Rule("CO-WM-01", W, "the watermark's delay changed",

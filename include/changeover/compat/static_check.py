@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from changeover import audit, savepoints
+from changeover.cluster.shipping import JobCode
 from changeover.compat import rescale_check, version_table
 from changeover.compat.checker import Report, check
 from changeover.compat.dry_run import dry_run as replay_on
 from changeover.compat.extract import describe_stages_of, shipped_code
-from changeover.jobs import get_job
-from changeover.jobs.shipping import JobCode
 from changeover.registry.db import session_scope
+from changeover.registry.records import get_job
 from changeover.settings import Settings
 
 

@@ -1,4 +1,4 @@
-"""Which Spark version can resume a savepoint written by which, measured rather than assumed (after seed 003).
+"""Which Spark version can resume a savepoint written by which: a version table, measured rather than assumed.
 
 `python -m changeover.compat.version_table` writes a stateful checkpoint (an aggregation, a windowed
 aggregation and a deduplication) with each installed runtime, resumes a copy of it with each runtime on

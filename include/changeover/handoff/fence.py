@@ -62,7 +62,7 @@ def predecessor_stopping(s: Session, row: Job, run: JobRun | None, parked_only: 
 
 
 def awaiting_hand_over(s: Session, row: Job, run: JobRun | None) -> bool:
-    """A follower whose predecessor has parked for the move starts its queries (`runtime.driver`): their first
+    """A follower whose predecessor has parked for the move starts its queries (`runtime.standby`): their first
     write waits for the hand-over instead of being refused."""
     return predecessor_stopping(s, row, run, parked_only=True)
 

@@ -11,6 +11,7 @@ is taken under the job row's lock, the same lock the sink's fence takes.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -20,16 +21,19 @@ from sqlalchemy import select, update
 
 from changeover import audit
 from changeover.handoff.fence import moving_predecessor, predecessor_stopping
+from changeover.handoff.ownership import own_job
 from changeover.registry.db import bound_lock_waits, lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
-from changeover.registry.records import own_job
 from changeover.registry.states import Desired, RunState
-from changeover.runtime.sinks import WriteContext, from_description
 from changeover.timeutil import as_utc
 
 DEFAULT_LEASE_SECONDS = 120.0
 STANDBY_READY_SECONDS = 240.0  # from a standby's launch to its readiness on a loaded cluster; then the move goes cold
-Decision = Literal["wait", "exit", "resume"]
+ParkedAction = Literal["wait", "exit", "resume"]  # what a parked run does next (`next_action`)
+# Whether the sinks a run described (stage -> description, as the registry keeps them) hold a write of another
+# run, asked of each sink's own store: `next_action` is given it (`runtime.sinks.hold_a_write_of`), so the lease passes
+# the descriptions on as data and imports no sink.
+SinksHoldAWriteOf = Callable[[str, str, dict[str, dict[str, Any]], int], bool]
 StandbyTurn = Literal["wait", "follow", "cut_over", "start", "dismissed"]
 
 
@@ -92,7 +96,7 @@ def extend(url: str, job: str, run_id: int) -> float | None:
     """The savepoint being built from a parked run keeps its lease from running out under it: without this, a large
     state or a slow store let the lease lapse mid-build, the run resumed, and the next try parked it again under a
     new savepoint, never moving. Only while the run is parked for a move that stands; returns the job's lease length
-    then, else None (resumed, handed off, or the stop withdrawn: nothing to hold)."""
+    then, else None (resumed, handed over, or the stop withdrawn: nothing to hold)."""
     with session_scope(url) as s:
         row = lock_row(s, Job, job)
         run = s.get(JobRun, run_id)
@@ -133,7 +137,7 @@ class Parked:
 
 @dataclass(frozen=True)
 class Verdict:
-    decision: Decision
+    decision: ParkedAction
     event: str | None = None  # the audit action: job.handoff, job.stop or job.unpark; none for a wait
     reason: str | None = None
     reclaim: bool = False  # make this run the job's current one again
@@ -164,9 +168,10 @@ def decide_parked(run: Parked) -> Verdict:
     return Verdict("resume", "job.unpark", "its lease ran out and no successor was launched", run_again=True)
 
 
-def decide(url: str, job: str, run_id: int) -> Decision:
-    """What a parked run does now: keep waiting, exit (handed off), or resume (lease out, or stop withdrawn).
-    Observed, decided (`decide_parked`) and acted on under the job row's lock."""
+def next_action(url: str, job: str, run_id: int, sinks_hold_a_write_of: SinksHoldAWriteOf) -> ParkedAction:
+    """What a parked run does now: keep waiting, exit (handed over), or resume (lease out, or stop withdrawn).
+    Not pure: it reads the rows under the job row's lock, decides (`decide_parked`, the pure rules), and writes
+    what it decided (the run ended, or resumed and the job reclaimed), all under that lock."""
     with session_scope(url) as s:
         row = lock_row(s, Job, job)
         run = s.get(JobRun, run_id)
@@ -176,7 +181,7 @@ def decide(url: str, job: str, run_id: int) -> Decision:
         seen = None if successor is None else Successor(
             successor.id, successor.state,
             bool(successor.first_write_at or successor.first_commit_at)
-            or _sinks_hold_a_write_of(url, job, run, successor.id),
+            or sinks_hold_a_write_of(url, job, dict(run.sinks or {}), successor.id),
             successor.ended_at is not None,
             _starting(successor, run, length_of(row), now))
         verdict = decide_parked(Parked(
@@ -215,13 +220,6 @@ def _starting(successor: JobRun | None, run: JobRun, length: float, now: Any) ->
     fresh = (now - as_utc(successor.heartbeat_at)).total_seconds() <= STARTING_HEARTBEAT_SECONDS
     cap = as_utc(run.lease_until) + timedelta(seconds=GRACE_LEASES * length)
     return fresh and now < cap
-
-
-def _sinks_hold_a_write_of(url: str, job: str, parked: JobRun, successor: int) -> bool:
-    """Whether a sink's own store holds a batch the successor wrote: what the sink has written is the truth, and
-    the registry's record of it commits apart for a sink in another database."""
-    return any(from_description(description, url).written_by(WriteContext(url, job, stage, successor))
-               for stage, description in (parked.sinks or {}).items())
 
 
 def _taken_over_since(s: Any, job: str, run_id: int) -> bool:
@@ -305,7 +303,7 @@ def is_followed(url: str, run_id: int) -> bool:
 
 def predecessor_moving(url: str, run_id: int) -> bool:
     """Whether the run a follower follows is asked to stop for the move: the batch it runs may be its last, which
-    the follower's own queries run instead of a replay (`Driver._prime`)."""
+    the follower's own queries run instead of a replay (`Standby._prime`)."""
     with session_scope(url) as s:
         run = s.get(JobRun, run_id)
         job = s.get(Job, run.job) if run is not None else None

@@ -1,8 +1,8 @@
-"""Light jobs (seeds 000 and 004): short SQL or DataFrame work, not fault-tolerant, run through the Spark Connect
+"""Light jobs: short SQL or DataFrame work, not fault-tolerant, run through the Spark Connect
 server of a member of the largest version group.
 
 `routing` chooses the server, `ledger` records each light job so drains can wait for it or interrupt it, and
-`client` opens the routed session, checks its version as seed 000's coordinatorVersion check does, and re-routes
+`client` opens the routed session, checks its version as Jet's coordinatorVersion check does, and re-routes
 a refusal. `changeover.light.session()` is the user's entry point.
 """
 

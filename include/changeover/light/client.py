@@ -1,5 +1,5 @@
-"""The routed session: open it on the chosen server, check the server's version (seed 000's coordinatorVersion
-check), register the light job, run, and record how it ended. A refusal is re-routed, a bounded number of times."""
+"""The routed session: open it on the chosen server, check the server's version (as Jet's coordinatorVersion
+check does), register the light job, run, and record how it ended. A refusal is re-routed, a bounded number of times."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ INTERRUPT_SETTLE_SECONDS = 5.0
 
 
 class VersionChanged(ChangeoverError):
-    """The server's version is not the one its group had when the job was routed (seed 000's check)."""
+    """The server's version is not the one its group had when the job was routed (a light job's version check)."""
 
 
 @dataclass
@@ -140,7 +140,7 @@ def session(settings: Settings | None = None, *, statement: str | None = None, b
 
     Operations the block starts from this thread carry the job's tag (Connect tags are per thread), so a drain
     past its shutdown timeout, or a killed Airflow task, can interrupt them. block_shutdown (the default, as in
-    seed 000 for SQL and batch work) makes a drain wait for the block instead. With reuse, the session is kept for
+    Jet for SQL and batch work) makes a drain wait for the block instead. With reuse, the session is kept for
     the next light job of this process on that server (its temporary views and settings too): for short SQL.
     """
     settings = settings or Settings.from_env()

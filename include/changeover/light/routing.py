@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from changeover.cluster import connect_server
+from changeover.cluster.routing import groups_of, largest_group
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import Member
 from changeover.registry.states import MemberStatus
 from changeover.settings import Settings
-from changeover.upgrade.routing import groups_of, largest_group
 
 
 class NoLightServer(ChangeoverError):
@@ -28,7 +28,7 @@ class Route:
 
 
 def choose(servers: dict[str, tuple[str, str]], rng: random.Random | None = None) -> Route:
-    """Seed 004's rule over the serving members (member -> (version, address)): the largest same-version group,
+    """The routing rule over the serving members (member -> (version, address)): the largest same-version group,
     on a tie the higher version, then a random member of it, so light work spreads over the group."""
     if not servers:
         raise NoLightServer("light job", "no ACTIVE member runs a Spark Connect server",

@@ -139,7 +139,7 @@ class JobRun(Base):
     state_partitions: Mapped[int | None]
     code: Mapped[dict[str, str] | None] = mapped_column(JSON)  # what it was launched with (`Job.code_of`)
     # a run stopping for a move: the batch it stops after, per stage, said once that batch has begun (a follower
-    # starts its queries as that batch commits, `runtime.driver`); cleared when the stop is withdrawn or it resumes
+    # starts its queries as that batch commits, `runtime.standby`); cleared when the stop is withdrawn or it resumes
     stopping_after: Mapped[dict[str, int] | None] = mapped_column(JSON)
 
     @property
@@ -210,7 +210,7 @@ class SinkLedger(Base):
 
 
 class LightJob(Base):
-    """A light job (seed 004): SQL or a DataFrame run through a member's Spark Connect server, not fault-tolerant.
+    """A light job: SQL or a DataFrame run through a member's Spark Connect server, not fault-tolerant.
     Its row lets a drain wait for it (block_shutdown) or interrupt it by its tag, and the leak checker find it."""
 
     __tablename__ = "light_jobs"

@@ -6,13 +6,12 @@ from typing import Any
 
 from sqlalchemy import select
 
-from changeover import audit
 from changeover.errors import ChangeoverError
 from changeover.registry.models import Job, JobRun
 from changeover.registry.states import LIVE, RunState
 
 STANDBY = RunState.STANDBY  # a warm successor waiting for its checkpoint: alive, but not the job's current run
-__all__ = ["LIVE", "STANDBY", "current_run", "get_job", "own_job"]
+__all__ = ["LIVE", "STANDBY", "current_run", "get_job"]
 
 
 def get_job(s: Any, name: str) -> Job:
@@ -25,10 +24,3 @@ def get_job(s: Any, name: str) -> Job:
 
 def current_run(s: Any, job: Job) -> JobRun | None:
     return s.get(JobRun, job.current_run_id) if job.current_run_id else None
-
-
-def own_job(s: Any, job: Job, run: JobRun, why: str) -> None:
-    """`run` owns the job from now on (`Job.make_current`); a change of the job's code that brings is on record."""
-    before = job.code
-    if job.make_current(run):
-        audit.record(s, "job.update_code", "job", job.name, before=before, after=job.code, run=run.id, reason=why)

@@ -1,4 +1,5 @@
-"""What runs inside a Spark driver: the job contract, the sinks, and the stop and handoff protocol.
+"""What runs inside a Spark driver: the job contract, the sinks, the stages' query plans (`plan`), and the stop and
+hand-over protocol.
 
 A job file imports from here only: `from changeover.runtime import Stage, KeyedTable, Files, ForeachBatch`.
 """

@@ -57,3 +57,16 @@ class JobContext:
         """Kept for jobs written against it: the run's id. The fencing epoch, which grows with every change of the
         job's ownership, is the third argument a foreachBatch function is given."""
         return self.run_id
+
+
+def unmatched_state(job: str, restored: set[str], stages: set[str]) -> str | None:
+    """The stage rules of a job update: a new stage starts empty, a matching one is restored, and state of a
+    stage the job no longer has is an error unless allow_non_restored_state is given (as in Flink)."""
+    orphaned = sorted(restored - stages)
+    if not orphaned:
+        return None
+    return (
+        f"job {job}: refused to start: the savepoint holds state of stage(s) {', '.join(orphaned)}, "
+        f"which the job no longer has (its stages: {', '.join(sorted(stages))}). "
+        "Resume with --allow-non-restored-state to drop that state, or --rename-stage OLD=NEW to move it."
+    )

@@ -242,7 +242,7 @@ def wait_on_leader(ready: Callable[[], bool], look: Callable[[], None], withdraw
 
 class InQueryReplay:
     """The write hook of the job's own queries, started one batch short of `through`, the leader's last per stage
-    (`WriteContext.replay`, `Driver._prime_in_queries`). A batch up to `through` is the leader's: it runs without
+    (`WriteContext.replay`, `Standby._prime_in_queries`). A batch up to `through` is the leader's: it runs without
     writing, beside the leader's own run of it, and is let through to Spark's commit once the leader has committed
     it. At `through` it also waits until the leader has stopped, so that the queries plan nothing past it before the
     leader is known to have stopped there; refuses (`PlannedPast`) when the leader logged a batch past it; then waits

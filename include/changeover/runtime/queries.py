@@ -74,7 +74,7 @@ class StageQueries:
 
     def have_run(self) -> bool:
         """Every query has finished a trigger of its own, data or none: one past the batch it started from (a
-        primed follower's queries first replay their predecessor's last batch, `Driver._prime_in_queries`)."""
+        primed follower's queries first replay their predecessor's last batch, `Standby._prime_in_queries`)."""
         def past_start(name: str, query: Any) -> bool:
             progress, start = query.lastProgress, self.started_from.get(name)
             return progress is not None and (start is None or int(progress["batchId"]) > start)

@@ -29,6 +29,22 @@ SET_ASIDE = checkpoints.SET_ASIDE
 RESCALING = ".rescaling"  # in a run's checkpoint root while its driver repartitions: no savepoint is taken of it
 
 
+STATE_STORES = {"hdfs": HDFS, "rocksdb": ROCKSDB}  # the job option state_store
+
+
+def state_store_confs(options: dict[str, Any]) -> dict[str, str]:
+    """The state store a job's option `state_store` asks for. Spark pins it in the offset log at a stage's first
+    batch, so it decides for good whether the stage's state can be repartitioned later (RocksDB only)."""
+    store = options.get("state_store")
+    if store is None:
+        return {}
+    if store not in STATE_STORES:
+        raise ChangeoverError(f"job option state_store {store!r}", f"Changeover knows {', '.join(STATE_STORES)}",
+                              "use rocksdb for a job whose state may need other partitions later, or leave it out "
+                              "for Spark's default store (hdfs)")
+    return {PROVIDER: STATE_STORES[store]}
+
+
 def batch_conf(stage: Path, batch: int) -> dict[str, str]:
     """The session confs Spark pinned in a batch's offset log entry (empty when the batch has no entry)."""
     lines = checkpoints.offset_entry(stage, batch)

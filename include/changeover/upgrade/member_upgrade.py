@@ -5,14 +5,14 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from changeover import audit, jobs
-from changeover.cluster import IDLE_STOP_GRACE, STOP_GRACE, Membership, get_member
+from changeover.cluster import IDLE_STOP_GRACE, STOP_GRACE, Membership, get_member, routing
 from changeover.cluster.runtimes import check_version, find_runtime
 from changeover.errors import ChangeoverError
 from changeover.registry.db import session_scope
 from changeover.registry.models import STOPPING, Job
 from changeover.registry.states import AT_A_BOUNDARY, Desired, MemberStatus
 from changeover.settings import Settings
-from changeover.upgrade import relocate, routing
+from changeover.upgrade import relocate
 
 
 def upgrade_member(settings: Settings, cluster: Membership, member: str, version: str) -> str:

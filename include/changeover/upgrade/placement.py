@@ -1,6 +1,6 @@
 """Upgrade-aware placement: each fault-tolerant job moves at most once in a rolling upgrade, where it can.
 
-The seeds' rule sends a job to the largest version group. Mid-upgrade that is often the old version,
+The routing rule sends a job to the largest version group. Mid-upgrade that is often the old version,
 so a job on the first member drained would move to an old member, then again when that member drains.
 Instead the roll drains members hosting no fault-tolerant job first, and a job moved by the upgrade goes
 to the version that will be the largest group once the upgrade is done, as soon as that group has an
@@ -15,14 +15,13 @@ from itertools import pairwise
 
 from sqlalchemy import select
 
-from changeover.cluster import Membership
+from changeover.cluster import Membership, routing
 from changeover.errors import ChangeoverError
 from changeover.jobs import LIVE
 from changeover.registry.db import session_scope
 from changeover.registry.models import Job, JobRun, Member, UpgradeRun
 from changeover.registry.states import MemberStatus, UpgradePhase
 from changeover.settings import Settings
-from changeover.upgrade import routing
 
 CORES_PER_JOB = 2  # a moved job needs room for its driver and one executor, or it waits queued at the master
 

@@ -1,4 +1,4 @@
-"""Surge: temporary members at the target version for the length of an upgrade (seed 000's enlarged cluster), so
+"""Surge: temporary members at the target version for the length of an upgrade (Jet's enlarged cluster), so
 the fleet's capacity does not drop while each member drains and restarts.
 
 They join before the first drain and leave once every member is upgraded, drained like any member (their jobs move

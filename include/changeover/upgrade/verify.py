@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 
 from changeover import audit, jobs
-from changeover.cluster import Membership
+from changeover.cluster import Membership, routing
 from changeover.cluster.runtimes import check_version, find_runtime, java_home
 from changeover.errors import ChangeoverError
 from changeover.jobs import move_history
@@ -19,7 +19,7 @@ from changeover.registry.models import Master, Member, Savepoint, UpgradeRun
 from changeover.registry.states import Desired, MemberStatus, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from changeover.upgrade import lock, placement, roll, routing, warm
+from changeover.upgrade import lock, placement, roll, warm
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ says it is ready. Only then is the job asked to stop at a batch boundary; the sa
 a cold move, and the restored checkpoint is handed to the standby, which starts its queries at once.
 
 Nothing is lost either way. A standby not ready in time is dismissed before the job is ever stopped, and the move
-goes cold. A standby that fails after the handoff, before its first batch is done, hands the job back to the parked
+goes cold. A standby that fails after the hand-over, before its first batch is done, hands the job back to the parked
 run, at the batch of the savepoint (`handoff.lease`); every sink refuses the standby's writes from then on.
 """
 
@@ -21,17 +21,17 @@ from typing import Literal
 from sqlalchemy import func, or_, select
 
 from changeover import audit, jobs
-from changeover.cluster import Membership
+from changeover.cluster import Membership, routing
 from changeover.errors import ChangeoverError
 from changeover.handoff import lease
+from changeover.handoff.ownership import own_job
 from changeover.jobs.intents import Standby
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, utcnow
-from changeover.registry.records import own_job
 from changeover.registry.states import Desired, RunState
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from changeover.upgrade import placement, routing
+from changeover.upgrade import placement
 
 READY_SECONDS = lease.STANDBY_READY_SECONDS
 MAX_FOLLOWERS = 3  # zero-downtime followers of one run, aborted or not, before its move is refused

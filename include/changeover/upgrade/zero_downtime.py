@@ -1,4 +1,4 @@
-"""Zero-downtime moves (seed 001): the successor hydrates read-only, and takes over only once it has caught up.
+"""Zero-downtime moves: the successor hydrates read-only, and takes over only once it has caught up.
 
 A warm move's standby has its session and executors before the job stops, but restores the state and runs its first
 batch only after. Here the ready standby is first given a checkpoint of its own, a `continue` savepoint of the live
@@ -31,7 +31,7 @@ from changeover.settings import Settings
 from changeover.timeutil import as_utc
 from changeover.upgrade import lock, warm
 
-STRATEGIES = ("warm", "zero_downtime")
+MOVE_STRATEGIES = ("warm", "zero_downtime")
 ENDED_DRIVER = ("FINISHED", "FAILED", "KILLED", "ERROR")
 
 
@@ -80,8 +80,8 @@ def for_upgrade(settings: Settings, upgrade_key: str | None) -> tuple[str | None
 def strategy_of(asked: str | None, options: dict[str, Any]) -> str:
     """The move's strategy: the one asked for (a DAG's Param), else the job's option move_strategy, else warm."""
     chosen = asked or options.get("move_strategy") or "warm"
-    if chosen not in STRATEGIES:
-        raise ChangeoverError(f"move strategy {chosen!r}", f"the strategies are {', '.join(STRATEGIES)}",
+    if chosen not in MOVE_STRATEGIES:
+        raise ChangeoverError(f"move strategy {chosen!r}", f"the strategies are {', '.join(MOVE_STRATEGIES)}",
                               "pick one of them (the DAG's strategy Param, or the job's option move_strategy)")
     return str(chosen)
 
@@ -183,8 +183,8 @@ def abort(settings: Settings, membership: Membership, job_name: str, standby: Jo
                      reason=why, checkpoint_removed=removed)
 
 
-def cutover_savepoint(settings: Settings, job_name: str, predecessor: JobRun, reason: str,
-                      upgrade_key: str | None, name: str | None = None) -> str | None:
+def cut_over_savepoint(settings: Settings, job_name: str, predecessor: JobRun, reason: str,
+                       upgrade_key: str | None, name: str | None = None) -> str | None:
     """The savepoint of the run a follower replaced, at the batch it parked on: what a rollback resumes from. Taken
     after the hand-over, so the job's downtime does not wait on it; safe to repeat. None when that run is no longer
     at that boundary (it reclaimed the job: the follower ended before writing). name: instead of one made of

@@ -10,22 +10,22 @@ from pathlib import Path
 from typing import Any
 
 from changeover import audit, jobs, savepoints
-from changeover.cluster import Membership, wait_for
+from changeover.cluster import Membership, routing, wait_for
+from changeover.cluster.shipping import JobCode, store_job_code
 from changeover.compat.checker import Report
 from changeover.compat.static_check import check_code
 from changeover.compat.version_table import require_resumable
 from changeover.errors import ChangeoverError
-from changeover.jobs.shipping import JobCode, store_job_code
 from changeover.registry.db import lock_row, session_scope
 from changeover.registry.models import Job, JobRun, Savepoint, utcnow
 from changeover.registry.states import Desired
 from changeover.runtime import checkpoints, state_partitions
 from changeover.settings import Settings
 from changeover.timeutil import as_utc
-from changeover.upgrade import relocate, routing, warm, zero_downtime
+from changeover.upgrade import relocate, warm, zero_downtime
 
 Code = str | dict[str, str]  # new code to ship (a path or module), or code already shipped (current_code)
-STRATEGIES = ("stop", "zero_downtime")
+UPDATE_STRATEGIES = ("stop", "zero_downtime")
 log = logging.getLogger(__name__)
 
 
@@ -138,8 +138,8 @@ def strategy_of(asked: str | None, options: dict[str, Any]) -> str:
     """An update's strategy: the one asked for (the DAG's Param), else zero_downtime where the job's option
     move_strategy says so, else stop (stop with a savepoint, then resume on the new code)."""
     chosen = asked or ("zero_downtime" if options.get("move_strategy") == "zero_downtime" else "stop")
-    if chosen not in STRATEGIES:
-        raise ChangeoverError(f"update strategy {chosen!r}", f"the strategies are {', '.join(STRATEGIES)}",
+    if chosen not in UPDATE_STRATEGIES:
+        raise ChangeoverError(f"update strategy {chosen!r}", f"the strategies are {', '.join(UPDATE_STRATEGIES)}",
                               "pick one of them (the DAG's strategy Param, or the job's option move_strategy)")
     return chosen
 
@@ -169,7 +169,7 @@ def require_followable(job: str, renames: dict[str, str] | None, allow_non_resto
 def cut_over(settings: Settings, membership: Membership, job: str, code: Code, savepoint: str,
              catch_up: zero_downtime.CatchUp, renames: dict[str, str] | None = None,
              allow_non_restored_state: bool = False, state_partitions: int | None = None) -> JobRun | None:
-    """The next step of a zero-downtime update (seed 001): a follower on the new code replays the running job's
+    """The next step of a zero-downtime update: a follower on the new code replays the running job's
     batches read-only from a `continue` savepoint, and once it has caught up it takes over from the next batch; the
     job never stops before then. The old run's savepoint at the cut-over is `savepoint`, as after a stop, so the
     gate counts from it and a rollback resumes it. Returns the new run once it owns the job, None while the job

@@ -10,27 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from changeover.errors import ChangeoverError
-from changeover.runtime.state_partitions import HDFS, PROVIDER, ROCKSDB
 
 _MEMORY = re.compile(r"^\d+[kmgt]?$", re.IGNORECASE)
 # Set by Changeover itself: a job that overrode them would break the launch or the version check.
 RESERVED = ("spark.master", "spark.submit.deployMode", "spark.pyspark.python", "spark.app.name")
-
-
-STATE_STORES = {"hdfs": HDFS, "rocksdb": ROCKSDB}  # the job option state_store
-
-
-def state_store_confs(options: dict[str, Any]) -> dict[str, str]:
-    """The state store a job's option `state_store` asks for. Spark pins it in the offset log at a stage's first
-    batch, so it decides for good whether the stage's state can be repartitioned later (RocksDB only)."""
-    store = options.get("state_store")
-    if store is None:
-        return {}
-    if store not in STATE_STORES:
-        raise ChangeoverError(f"job option state_store {store!r}", f"Changeover knows {', '.join(STATE_STORES)}",
-                              "use rocksdb for a job whose state may need other partitions later, or leave it out "
-                              "for Spark's default store (hdfs)")
-    return {PROVIDER: STATE_STORES[store]}
 
 
 @dataclass(frozen=True)
