@@ -72,8 +72,9 @@ def sql(runs: int, members: str) -> None:
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cli-", dir=base))
     settings = Settings.from_env(home=work / "home", database_url=f"sqlite:///{work / 'registry.db'}")
+    # CHANGEOVER_SQL_AGENT=1: the agent also when this runs without a terminal (nohup, CI), which otherwise starts none
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("CHANGEOVER_")}, **settings.as_env(),
-           "COLUMNS": "80"}
+           "COLUMNS": "80", "CHANGEOVER_SQL_AGENT": "1"}
     cli(env, "db", "upgrade")
     try:
         cli(env, "cluster", "up", "--members", members, "--light-jobs")

@@ -3,7 +3,7 @@
 Starts a two-member local cluster with a Spark Connect server per member, then times:
   - the routed light job with a pooled session (`changeover.light.session(reuse=True)`): routing, the version
     check, the ledger's start and end rows, and the query;
-  - the same with a new session per job (what `changeover sql` does, once);
+  - the same with a new session per job (what `changeover sql --no-agent` does, once);
   - `spark-submit` of an application that runs the same SQL on the same group's master.
 The work is `SELECT sum(id) FROM range(1000)`. Prints p50 and p95 of each, and the ratios.
 

@@ -5,8 +5,11 @@ import json
 import logging
 import os
 import socket
+import struct
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +21,14 @@ from changeover.settings import Settings
 from fake_fleet import FakeFleet
 
 CLI = [sys.executable, "-m", "changeover"]
+AGENT = {"CHANGEOVER_SQL_AGENT": "1"}  # the SQL agent without a terminal, as a script asks for it
 
 
-def run(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **settings.as_env(), "COLUMNS": "200"}
-    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=120)
+def run(settings: Settings, *args: str, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process of its own, its standard input not a terminal, as a script runs it."""
+    env = {**os.environ, **settings.as_env(), "COLUMNS": "200", **(extra or {})}
+    return subprocess.run([*CLI, *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=120)
 
 
 @pytest.mark.parametrize(
@@ -147,11 +153,11 @@ def test_an_upgrade_is_followed_with_a_bar_its_members_phases_and_the_moves_in_8
 
 
 def _sql_agents(settings: Settings) -> list[psutil.Process]:
-    """The SQL agents serving this home: `python -m changeover.cli.sql_agent KEY` with the home in its environment."""
+    """The SQL agents serving this home: `python -m changeover.cli.sql_agent_server KEY`, the home in its env."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
-            if "changeover.cli.sql_agent" in (process.info["cmdline"] or []) \
+            if "changeover.cli.sql_agent_server" in (process.info["cmdline"] or []) \
                     and process.environ().get("CHANGEOVER_HOME") == str(settings.home):
                 found.append(process)
     return found
@@ -159,31 +165,38 @@ def _sql_agents(settings: Settings) -> list[psutil.Process]:
 
 @pytest.fixture
 def agents_stopped(settings: Settings) -> Iterator[None]:
-    """Whatever the test does, no SQL agent of its home outlives it."""
+    """Whatever the test does, no SQL agent of its home outlives it: asked to stop, else killed, even when the asking
+    fails."""
+    from changeover.cli import sql_agent
+
     try:
         yield
     finally:
-        from changeover.cli import sql_agent
-
-        sql_agent.stop_all(settings)
-        _gone, left = psutil.wait_procs(_sql_agents(settings), timeout=30)
-        for process in left:
-            process.kill()
-        for folder in sql_agent._folders(settings):  # the shared temporary one keeps no test's lock or log
-            for path in folder.glob(f"sql-agent-{sql_agent._home_tag(settings)}-*"):
-                path.unlink(missing_ok=True)
+        try:
+            sql_agent.stop_all(settings)
+        finally:
+            _gone, left = psutil.wait_procs(_sql_agents(settings), timeout=30)
+            for process in left:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+            for folder in sql_agent._folders(settings):  # the shared temporary one keeps no test's lock or log
+                for path in folder.glob(f"sql-agent-{sql_agent._home_tag(settings)}-*"):
+                    path.unlink(missing_ok=True)
 
 
 def test_sql_goes_through_an_agent_that_cluster_down_stops(settings: Settings, agents_stopped: None) -> None:
     """`changeover sql` hands the statement to an agent it starts; its refusals are the CLI's own, one line, and the
-    same with --no-agent; a second statement finds the same agent; `cluster down` stops it."""
+    same with --no-agent; a second statement finds the same agent; `cluster down` stops it. The registry's URL is
+    in neither the agent's command line nor its environment (it reads the reference file every child reads)."""
     refusal = "light job: no ACTIVE member runs a Spark Connect server"
-    first = run(settings, "sql", "SELECT 1")
+    first = run(settings, "sql", "SELECT 1", extra={**AGENT, "CHANGEOVER_DATABASE_URL": settings.database_url})
     assert first.returncode == 2 and refusal in first.stderr and len(first.stderr.strip().splitlines()) == 1, \
         first.stderr
     agents = _sql_agents(settings)
     assert len(agents) == 1
-    second = run(settings, "sql", "SELECT 1")
+    assert "CHANGEOVER_DATABASE_URL" not in agents[0].environ()
+    assert not [arg for arg in agents[0].cmdline() if settings.database_url in arg]
+    second = run(settings, "sql", "SELECT 1", extra=AGENT)
     assert second.returncode == 2 and refusal in second.stderr, second.stderr
     assert _sql_agents(settings) == agents
     here = run(settings, "sql", "--no-agent", "SELECT 1")
@@ -194,7 +207,8 @@ def test_sql_goes_through_an_agent_that_cluster_down_stops(settings: Settings, a
     assert not left
     from changeover.cli import sql_agent
 
-    assert not [p for folder in sql_agent._folders(settings) for p in folder.glob("sql-agent-*.sock")]
+    mine = f"sql-agent-{sql_agent._home_tag(settings)}-*.sock"  # the shared folder may hold other tests' agents
+    assert not [p for folder in sql_agent._folders(settings) for p in folder.glob(mine)]
 
 
 def test_an_agent_whose_registry_schema_moved_stops_and_the_cli_says_so(settings: Settings,
@@ -202,12 +216,13 @@ def test_an_agent_whose_registry_schema_moved_stops_and_the_cli_says_so(settings
     from changeover.registry.db import session_scope
     from sqlalchemy import text
 
-    assert run(settings, "sql", "SELECT 1").returncode == 2  # no Connect server: the agent is up all the same
+    no_server = run(settings, "sql", "SELECT 1", extra=AGENT)
+    assert no_server.returncode == 2, no_server.stderr  # no Connect server: the agent is up all the same
     agents = _sql_agents(settings)
     assert len(agents) == 1
     with session_scope(settings.database_url) as s:
         s.execute(text("UPDATE alembic_version SET version_num = '9999_elsewhere'"))
-    moved = run(settings, "sql", "SELECT 1")
+    moved = run(settings, "sql", "SELECT 1", extra=AGENT)
     assert moved.returncode == 2 and "its schema is at revision 9999_elsewhere" in moved.stderr, moved.stderr
     _gone, left = psutil.wait_procs(agents, timeout=30)
     assert not left
@@ -247,3 +262,250 @@ def test_the_sql_agents_place_key_and_words(settings: Settings, tmp_path: Path,
     refusal = sql_agent.spark_refusal("SELEC   1", spark_said)
     assert str(refusal).startswith("SQL 'SELEC 1': Spark answered ParseException: [PARSE_SYNTAX_ERROR] near 'SELEC'. ")
     assert "\n" not in str(refusal)
+
+
+def test_the_agent_is_for_a_terminal_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a terminal `changeover sql` goes through the agent; a script's or CI's (stdin not a TTY) does not unless
+    CHANGEOVER_SQL_AGENT=1 or an explicit --agent (force) asks; CHANGEOVER_SQL_AGENT=0 turns it off."""
+    from changeover.cli import sql_agent
+
+    for terminal in (True, False):
+        monkeypatch.setattr(sql_agent, "_interactive", lambda terminal=terminal: terminal)
+        monkeypatch.delenv("CHANGEOVER_SQL_AGENT", raising=False)
+        assert sql_agent.enabled() is terminal and sql_agent.enabled(force=True)
+        monkeypatch.setenv("CHANGEOVER_SQL_AGENT", "1")
+        assert sql_agent.enabled()
+        monkeypatch.setenv("CHANGEOVER_SQL_AGENT", "0")
+        assert not sql_agent.enabled() and sql_agent.enabled(force=True)
+
+
+def test_the_agents_key_command_line_and_environment_hold_no_password(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from changeover.cli import sql_agent
+    from sqlalchemy.engine import make_url
+
+    for url in ("postgresql+psycopg://root:s3cret@127.0.0.1:5432/test", "postgresql://u:p%40ss@db.example:5432/x",
+                "postgresql://u:s3cret@h/db?sslmode=require", "postgresql+psycopg://root@127.0.0.1:5432/test",
+                f"sqlite:///{tmp_path / 'registry.db'}"):
+        assert sql_agent.hide_password(url) == make_url(url).render_as_string(hide_password=True)
+    assert sql_agent.hide_password("postgresql://u@h/db?password=s3cret&sslmode=require") == \
+        "postgresql://u@h/db?password=***&sslmode=require"
+
+    home = tmp_path / "home"
+    secret = Settings.from_env(home=home, database_url="postgresql://u:s3cret@h/db")
+    key = sql_agent.key_of(secret)
+    assert sql_agent.key_of(Settings.from_env(home=home, database_url="postgresql://u:other@h/db")) == key
+    assert sql_agent.key_of(Settings.from_env(home=home, database_url="postgresql://u:s3cret@h2/db")) != key
+    for name in ("TZ", "CHANGEOVER_FAULTS", "CHANGEOVER_CRASH_AT"):  # they shape what a statement does
+        monkeypatch.setenv(name, "x")
+        assert sql_agent.key_of(secret) != key
+        monkeypatch.delenv(name)
+    assert sql_agent.key_of(secret) == key
+
+    monkeypatch.setenv("CHANGEOVER_DATABASE_URL", secret.database_url)
+    spawned: dict[str, object] = {}
+    monkeypatch.setattr(sql_agent.subprocess, "Popen", lambda args, **options: spawned.update(args=args, **options))
+    where = sql_agent.place(secret)
+    assert where is not None
+    try:
+        sql_agent._spawn(where, sql_agent.agent_env(secret))
+    finally:
+        where.log.unlink(missing_ok=True)
+    args, env = spawned["args"], spawned["env"]
+    assert isinstance(args, list) and isinstance(env, dict)
+    assert args[-1] == key and not [a for a in args if "s3cret" in a]
+    assert not [name for name, value in env.items() if "s3cret" in value]
+    assert Path(env["CHANGEOVER_DATABASE_URL_FILE"]).read_text() == secret.database_url  # how the agent reads it
+
+
+def test_peer_credentials_are_read_with_unsigned_ids() -> None:
+    """struct ucred is pid_t (signed), uid_t and gid_t (unsigned): a uid above 2**31 reads as itself."""
+    from changeover.cli import sql_agent
+
+    class Peer:
+        def getsockopt(self, level: int, option: int, size: int) -> bytes:
+            assert (level, option, size) == (socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            return struct.pack("iII", 4242, 2**32 - 2, 2**31 + 7)
+
+    assert sql_agent.peer_uid(Peer()) == 2**32 - 2  # type: ignore[arg-type]
+    one, other = socket.socketpair()
+    with one, other:
+        assert sql_agent.peer_uid(one) == os.getuid()
+
+
+def test_the_agents_log_and_lock_are_opened_only_as_this_users_own_files(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from changeover.cli import sql_agent
+    from changeover.errors import ChangeoverError
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    link = tmp_path / "agent.log"
+    link.symlink_to(victim)
+    with pytest.raises(ChangeoverError) as refused:
+        sql_agent.open_private(link, "log")
+    said = str(refused.value)
+    assert said.startswith(f"the SQL agent's log {link}: it is a symbolic link") and f"rm {link}" in said, said
+    assert "\n" not in said and victim.read_text() == "keep"
+    fifo = tmp_path / "agent.lock"
+    os.mkfifo(fifo)
+    with pytest.raises(ChangeoverError, match="it is not a regular file"):
+        sql_agent.open_private(fifo, "lock")  # refused at once, not waited on
+
+    own = tmp_path / "own.log"
+    descriptor = sql_agent.open_private(own, "log")
+    os.write(descriptor, b"line\n")
+    os.close(descriptor)
+    assert own.read_text() == "line\n" and own.stat().st_mode & 0o777 == 0o600
+    real = os.getuid()
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "getuid", lambda: real + 1)
+        with pytest.raises(ChangeoverError, match=f"it belongs to user id {real}, not to you"):
+            sql_agent.open_private(own, "log")
+
+    settings = Settings.from_env(home=tmp_path / "home", database_url=f"sqlite:///{tmp_path / 'registry.db'}")
+    where = sql_agent.place(settings)
+    assert where is not None
+    where.log.symlink_to(victim)
+    try:  # the CLI says so, and starts nothing
+        with pytest.raises(ChangeoverError, match="symbolic link"):
+            sql_agent._spawn(where, sql_agent.agent_env(settings))
+    finally:
+        where.log.unlink()
+    assert victim.read_text() == "keep"
+
+
+def test_a_lock_held_without_a_socket_has_the_cli_run_the_statement_itself(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            capsys: pytest.CaptureFixture[str]
+                                                                            ) -> None:
+    """Another agent holds the lock (stuck, stopping, or slow to start) and opens no socket: each agent spawned exits
+    0 at once, and after HELD_SECONDS the CLI stops waiting, says so, and runs the statement itself."""
+    from changeover.cli import sql_agent
+
+    settings = Settings.from_env(home=tmp_path / "home", database_url=f"sqlite:///{tmp_path / 'registry.db'}")
+    spawned: list[float] = []
+
+    class LockHeld:
+        def poll(self) -> int:
+            return 0
+
+    monkeypatch.setattr(sql_agent, "_spawn", lambda where, env: spawned.append(time.monotonic()) or LockHeld())
+    monkeypatch.setattr(sql_agent, "HELD_SECONDS", 1.0)
+    began = time.monotonic()
+    assert sql_agent.run_sql(settings, "SELECT 1", block_shutdown=True, shutdown_timeout=30, tries=3,
+                             force=True) is None
+    assert time.monotonic() - began < 10 and 2 <= len(spawned) <= 6, spawned
+    said = capsys.readouterr().err
+    assert "another SQL agent holds" in said and "running the statement in this process" in said, said
+
+
+def test_a_silent_client_does_not_hold_the_agent() -> None:
+    """A client that connects and sends nothing frees its handler; handlers are daemons and the server's close
+    waits for none of them (`serve` waits STOP_SECONDS at most for statements running)."""
+    from changeover.cli import sql_agent, sql_agent_server
+
+    place = sql_agent.Place("k", Path("/nonexistent.sock"), Path("/nonexistent.lock"), Path("/nonexistent.log"))
+    agent = sql_agent_server._Agent(Settings.from_env(home="/nonexistent", database_url="sqlite://"), place, None, 60)
+    silent, served = socket.socketpair()
+    with silent, served, pytest.MonkeyPatch.context() as patched:
+        patched.setattr(sql_agent_server, "REQUEST_SECONDS", 0.2)
+        began = time.monotonic()
+        agent.handle(served)
+        assert time.monotonic() - began < 5
+    assert sql_agent_server._Server.daemon_threads and not sql_agent_server._Server.block_on_close
+
+
+class _Spark:
+    """A Connect session's stand-in: what the agent's statement and its client watcher call."""
+
+    def __init__(self, run: object) -> None:
+        self.run, self.interrupts = run, []
+        self.client: socket.socket | None = None  # the CLI's end of the connection, to hang up
+
+    def sql(self, statement: str) -> object:
+        return self.run(statement)
+
+    def interruptTag(self, tag: str) -> list[str]:  # noqa: N802 - pyspark's name
+        self.interrupts.append((time.monotonic(), tag))
+        return []  # nothing running yet: the race an interrupt must keep trying through
+
+
+def _serve_one(settings: Settings, monkeypatch: pytest.MonkeyPatch, spark: _Spark, hang_up: str
+               ) -> tuple[dict[str, object], socket.socket]:
+    """One `changeover sql` handled by an agent in this process with light.session faked (a ledger row registered
+    on a fake member, and ended as light.session ends it); the client hangs up when `hang_up` says: 'registered' (as
+    the job is routed and registered) or 'started' (once the statement runs). Returns what the fake saw."""
+    from changeover import light
+    from changeover.cli import sql_agent
+    from changeover.cli.sql_agent_server import _Agent, _revision
+
+    FakeFleet(settings).up([("m1", "4.2.0")], light_jobs=True)
+    client, served = socket.socketpair()
+    spark.client = client
+    seen: dict[str, object] = {}
+
+    @contextlib.contextmanager
+    def session(settings_: Settings, *, statement: str, user_id: str, reuse: bool, **options: object
+                ) -> Iterator[object]:
+        job = ledger.register(settings_, "m1", "4.2.0", "sc://127.0.0.1:1", "s1", user_id, statement=statement,
+                              block_shutdown=True, shutdown_timeout=30)
+        seen.update(reuse=reuse, tag=job.tag)
+        if hang_up == "registered":
+            client.close()
+        outcome, error = "SUCCEEDED", None
+        try:
+            yield light.LightSession(spark, light.Route("m1", "4.2.0", "sc://127.0.0.1:1"), job.tag, [])
+        except BaseException as exc:
+            outcome = "INTERRUPTED" if "OPERATION_CANCELED" in str(exc) else "FAILED"
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            ledger.finish(settings_, job.tag, outcome, error)
+
+    monkeypatch.setattr(light, "session", session)
+    where = sql_agent.place(settings)
+    assert where is not None
+    agent = _Agent(settings, where, _revision(settings.database_url), 60)
+    client.sendall(json.dumps({"op": "sql", "key": where.key, "statement": "DROP TABLE t", "block_shutdown": True,
+                               "shutdown_timeout": 30, "tries": 3, "actor": "cli:test", "user": "alice"}).encode()
+                   + b"\n")
+    handler = threading.Thread(target=agent.handle, args=(served,))  # its own context: act_as stays there
+    handler.start()
+    handler.join(timeout=60)
+    assert not handler.is_alive()
+    served.close()
+    return seen, client
+
+
+def test_a_statement_whose_client_hung_up_before_it_started_is_not_run(settings: Settings,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the statement is routed, version-checked and registered: it is not started, and its light job
+    ends INTERRUPTED with the reason. Each statement asks for a session of its own (reuse=False)."""
+    ran: list[str] = []
+    seen, client = _serve_one(settings, monkeypatch, _Spark(ran.append), hang_up="registered")
+    client.close()
+    assert ran == [] and seen["reuse"] is False
+    row = ledger.get(settings, str(seen["tag"]))
+    assert row.state == "INTERRUPTED" and "went away" in (row.error or "") and "not run" in (row.error or "")
+
+
+def test_a_started_statement_whose_client_hung_up_is_interrupted_until_it_ends(settings: Settings,
+                                                                              monkeypatch: pytest.MonkeyPatch
+                                                                              ) -> None:
+    """The client hangs up once the statement runs; the first interrupts find nothing (its operation not on the
+    server yet), and the agent keeps interrupting until the statement's block ends, then stops."""
+    def statement(text: str) -> object:
+        spark.client.close()  # Ctrl-C, just as the statement started
+        deadline = time.monotonic() + 30
+        while len(spark.interrupts) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise RuntimeError("[OPERATION_CANCELED] the operation was interrupted")
+
+    spark = _Spark(statement)
+    seen, _client = _serve_one(settings, monkeypatch, spark, hang_up="started")
+    assert len(spark.interrupts) >= 3 and {tag for _, tag in spark.interrupts} == {seen["tag"]}
+    count = len(spark.interrupts)
+    time.sleep(0.6)
+    assert len(spark.interrupts) == count  # none once its block ended
+    assert ledger.get(settings, str(seen["tag"])).state == "INTERRUPTED"

@@ -2,8 +2,9 @@
 layout, the findings per stage before anything stops, the planned batch set aside and put back after the
 repartition's own, and the refusals of a resume (SQLite and PostgreSQL for the registry's part).
 
-Spark's repartition itself runs in tests/e2e (update_job grows a real job's state, and a failed try shrinks it)
-and in the version table's measurement."""
+Spark's repartition itself runs in make test in tests/test_state_rescale.py (a stopped RocksDB checkpoint
+repartitioned from 4 partitions to 2 on a local session, the resumed query's counts exact), in tests/e2e under make
+test-e2e (update_job grows a real job's state, and a failed try shrinks it) and in the version table's measurement."""
 
 from __future__ import annotations
 

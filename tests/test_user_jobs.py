@@ -162,7 +162,9 @@ def test_a_join_into_a_keyed_table_and_a_foreach_batch_job_move_exact_and_surviv
         jobs.cancel(live.settings, live.cluster, job, reason="test finished with it")
 
 
-@pytest.mark.long  # make test keeps its fallback decisions without Spark (test_move_decisions, test_leases_and_fencing)
+@pytest.mark.long  # make test keeps its decisions without Spark, on both registries, in test_move_paths.py's case of
+# the same name: the standby killed, warm.prepare going cold and naming it, the job never asked to stop for the warm
+# try, then the cold stop, savepoint and successor
 def test_a_standby_killed_before_the_hand_over_leaves_the_job_running_and_the_move_goes_cold(live: Cluster,
                                                                                           tmp_path: Path) -> None:
     """A warm move's fallback before the hand-over: its standby on 4.3.0 dies while the job still runs on 4.2.0. The
@@ -315,7 +317,10 @@ def test_the_guides_count_moves_with_zero_downtime_its_follower_writing_from_the
     jobs.cancel(live.settings, live.cluster, "zerodowntime", reason="test finished with it")
 
 
-@pytest.mark.long  # make test keeps the catch-up deadline's decision without Spark (test_drain_decisions.py)
+@pytest.mark.long  # make test keeps its decisions without Spark, on both registries, in test_move_paths.py's case of
+# the same name (the follower out of time ended, its checkpoint removed, CatchUpTimedOut, the live run never asked to
+# stop), and a drain's wait on a follower until its deadline in test_drain_decisions.py's
+# test_a_zero_downtime_moves_follower_is_waited_on_until_it_is_level_or_out_of_time
 def test_a_follower_too_slow_to_catch_up_is_aborted_and_the_live_run_never_stops(live: Cluster,
                                                                                  tmp_path: Path) -> None:
     """The abort path: the job's code is slow on 4.3.0 (50 ms an event), so its follower there falls further behind

@@ -127,17 +127,31 @@ def timeline_svg(line: timeline.Timeline, width: int = 1100) -> str:
             f"aria-label='timeline of {html.escape(line.key)}'>{''.join(parts)}{axis}</svg>")
 
 
+def upgrade_html(key: str, line: timeline.Timeline) -> str:
+    """What an upgrade's page shows: its target and outcome, its timeline, and its moves."""
+    moves = [[m.job, f"{m.last_old_commit:%H:%M:%S}", m.label] for m in line.moves]
+    return (f"<p>{_link(PREFIX + '/', 'Changeover')}</p><h1>Upgrade {html.escape(key)}</h1>"
+            f"<p>to Spark {html.escape(line.target_version)}: <span class='{html.escape(line.status)}'>"
+            f"{html.escape(line.status)}</span>, "
+            f"{line.start:%Y-%m-%d %H:%M:%S} to {line.end:%H:%M:%S} UTC</p>" + timeline_svg(line)
+            + "<h2>Moves</h2>" + _table(["job", "stopped", "move"], moves))
+
+
+def _guard(require_login: bool) -> list[Any]:
+    """The app's dependencies: a signed-in user allowed to see plugins, unless no login is required."""
+    if not require_login:
+        return []
+    from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
+    from airflow.api_fastapi.core_api.security import requires_access_view
+
+    return [Depends(requires_access_view(AccessView.PLUGINS))]
+
+
 def create_app(require_login: bool = True) -> FastAPI:
     """The app; every page needs a signed-in user allowed to see plugins (the UI's session cookie or a bearer token,
     as Airflow's own API). Only the Spark-free unit tests build it without that check, having no auth manager."""
-    guard = []
-    if require_login:
-        from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
-        from airflow.api_fastapi.core_api.security import requires_access_view
-
-        guard = [Depends(requires_access_view(AccessView.PLUGINS))]
     app = FastAPI(title="Changeover", description="The fleet, jobs, moves, savepoints and upgrade timelines",
-                  dependencies=guard)
+                  dependencies=_guard(require_login))
 
     def load(connection: str) -> Settings:
         try:
@@ -161,14 +175,7 @@ def create_app(require_login: bool = True) -> FastAPI:
 
     @app.get("/upgrades/{key:path}", response_class=HTMLResponse)
     def upgrade_page(key: str, connection: str = Query(ChangeoverHook.default_conn_name)) -> HTMLResponse:
-        line = of_upgrade(key, connection)
-        moves = [[m.job, f"{m.last_old_commit:%H:%M:%S}", m.label] for m in line.moves]
-        body = (f"<p>{_link(PREFIX + '/', 'Changeover')}</p><h1>Upgrade {html.escape(key)}</h1>"
-                f"<p>to Spark {html.escape(line.target_version)}: <span class='{html.escape(line.status)}'>"
-                f"{html.escape(line.status)}</span>, "
-                f"{line.start:%Y-%m-%d %H:%M:%S} to {line.end:%H:%M:%S} UTC</p>" + timeline_svg(line)
-                + "<h2>Moves</h2>" + _table(["job", "stopped", "move"], moves))
-        return _page(f"Upgrade {key}", body)
+        return _page(f"Upgrade {key}", upgrade_html(key, of_upgrade(key, connection)))
 
     @app.get("/api/upgrades/{key:path}")
     def upgrade_json(key: str, connection: str = Query(ChangeoverHook.default_conn_name)) -> dict[str, Any]:

@@ -452,8 +452,14 @@ def _parquet_listed_once(output: Path) -> list[dict[str, object]]:
     return [row for path in listed for row in pq.read_table(unquote(urlparse(path).path)).to_pylist()]
 
 
-# Both under `make test-e2e` (84 s and 91 s), for CI's hour: make test keeps the lost driver's decisions without Spark
-# (test_drain_decisions.py, test_lease_decisions.py) and a worker lost mid-drain (above) on a real cluster.
+# Both under `make test-e2e` (84 s and 91 s), for CI's hour. make test keeps their decisions: a run declared lost is
+# fenced before its successor copies its checkpoint (test_leases_and_fencing.py's
+# test_a_run_declared_dead_is_fenced_before_its_checkpoint_is_copied, both registries); this case's two sinks refuse a
+# superseded run's write (test_keyed_table.py's test_a_superseded_run_cannot_write_and_its_attempt_is_recorded,
+# test_files_sink.py's test_files_placed_but_never_logged_are_never_read_and_a_superseded_run_lands_nothing); a
+# driver its master reports ERROR mid-move goes on from its checkpoint (test_drain_decisions.py's case "its worker
+# lost on the way"), and a parked run recorded ended exits (test_lease_decisions.py's "recorded as ended"); and
+# test_a_worker_lost_mid_drain_leaves_no_job_behind (above) loses a worker mid-drain on a real cluster.
 @pytest.mark.long
 @pytest.mark.parametrize("mid_drain", [False, True], ids=["running", "mid-drain"])
 def test_a_false_death_loses_and_repeats_nothing(settings: Settings, cluster: LocalCluster, tmp_path: Path,

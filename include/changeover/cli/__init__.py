@@ -1,4 +1,5 @@
-"""The `changeover` command (`commands`), the demo, the local Airflow it starts, and the demo's click generator."""
+"""The `changeover` command (`commands`; its Typer apps in `app`, its commands in a module per family, `*_commands`),
+the demo, the local Airflow it starts, and the demo's click generator."""
 
 
 def main() -> None:

@@ -58,16 +58,7 @@ def run_demo(keep_airflow: bool = False) -> int:
         generator.write_file()
         generator.start(interval=0.5)
         console.rule("3. jobs: a stateful stream, a block_shutdown batch job, an ad-hoc job")
-        jobs.submit(settings, cluster, "jobs.clicks", "clicks",
-                    options={"landing": str(generator.landing), "trigger": "1 second"})
-        jobs.wait_until_committed(settings, cluster, "clicks")
-        jobs.submit(settings, cluster, "jobs.nightly_report", "nightly_report", fault_tolerant=False,
-                    block_shutdown=True, options={"duration_seconds": 90})
-        jobs.submit(settings, cluster, "jobs.adhoc_scan", "adhoc_scan", fault_tolerant=False, shutdown_timeout=10)
-        wait_for(lambda: all(_placed(settings, cluster, j) for j in ("nightly_report", "adhoc_scan")), 240,
-                 "the batch jobs starting")
-        for row in jobs.list_jobs(settings):
-            console.print(f"  {row['name']:<15} {row['state']:<9} on {row['member']} at Spark {row['version']}")
+        _submit_jobs(settings, cluster, generator)
         console.rule(f"4. rolling_upgrade to {TO_VERSION}, triggered as the UI does; its plan:")
         for line in verify.preflight(settings, cluster, TO_VERSION, MEMBERS, "demo", dry_run=True).moves.describe():
             console.print(f"  {line}")
@@ -95,6 +86,20 @@ def run_demo(keep_airflow: bool = False) -> int:
             console.print("stopped Airflow")
         stopped = cluster.down()
         console.print(f"stopped {len(stopped)} Spark processes: {', '.join(stopped)}")
+
+
+def _submit_jobs(settings: Settings, cluster: Membership, generator: Generator) -> None:
+    """The demo's three jobs, each running (the stream with a committed batch), then listed."""
+    jobs.submit(settings, cluster, "jobs.clicks", "clicks",
+                options={"landing": str(generator.landing), "trigger": "1 second"})
+    jobs.wait_until_committed(settings, cluster, "clicks")
+    jobs.submit(settings, cluster, "jobs.nightly_report", "nightly_report", fault_tolerant=False,
+                block_shutdown=True, options={"duration_seconds": 90})
+    jobs.submit(settings, cluster, "jobs.adhoc_scan", "adhoc_scan", fault_tolerant=False, shutdown_timeout=10)
+    wait_for(lambda: all(_placed(settings, cluster, j) for j in ("nightly_report", "adhoc_scan")), 240,
+             "the batch jobs starting")
+    for row in jobs.list_jobs(settings):
+        console.print(f"  {row['name']:<15} {row['state']:<9} on {row['member']} at Spark {row['version']}")
 
 
 def _print_task(ti: dict[str, Any]) -> None:

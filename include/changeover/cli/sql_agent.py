@@ -1,40 +1,40 @@
-"""`changeover sql`'s agent: a background process per home and settings that keeps light jobs' sessions open
-between commands.
+"""`changeover sql`'s agent: a background process per home and settings that keeps Spark Connect's client loaded
+between commands. This module is the CLI's half (the standard library only); `sql_agent_server` is the agent's.
 
-A `changeover sql` that opened its own session would spend about 3 s importing Spark Connect's client (pandas,
-pyarrow, gRPC) and 1 s more on SQLAlchemy and Alembic before it asked the server anything, and as long again the
-next time. The first `changeover sql` starts this agent instead (detached, in a session of its own, its log beside
+A `changeover sql` that ran its statement itself would spend seconds importing Spark Connect's client (pandas,
+pyarrow, gRPC), SQLAlchemy and Alembic before it asked the server anything, and as long again the next time. From
+a terminal, the first `changeover sql` starts this agent instead (detached, in a session of its own, its log beside
 its socket), and every `changeover sql` hands it the statement over a Unix socket that only its user can open, then
 prints the rows it answers. The agent runs each statement as any light job runs (routed to the largest version
 group, version-checked, registered in the ledger under the CLI's user and actor, heartbeated, interruptible by its
-tag), with a pooled session (`changeover.light.session(reuse=True)`): a statement costs its round trip, not a
-session's setup. A client that goes away before the answer (Ctrl-C) has its statement interrupted.
+tag), each in a Spark session of its own, as the CLI's own process would: a `USE`, a `SET` or a temporary view
+lasts one statement, never the next command's. A client that goes away before the answer (Ctrl-C) has its
+statement not started, or, started, interrupted until it ends.
 
 The agent exits after IDLE_SECONDS without a statement (CHANGEOVER_SQL_AGENT_IDLE_SECONDS), at
 `changeover cluster down`, and when the registry's schema moves under it. Its socket's name holds a digest of the
-settings, of the code and of the environment that shapes a session, so a CLI whose settings or code differ starts
-an agent of its own, and the other one idles out. `changeover sql --no-agent` (or CHANGEOVER_SQL_AGENT=0) runs the
-statement in the CLI's own process. Only this module's client half loads in the CLI: the standard library.
+settings (the registry's password left out), of the code and of the environment that shapes a session, so a CLI
+whose settings or code differ starts an agent of its own, and the other one idles out. A command whose standard
+input is not a terminal (a script's, CI's) runs the statement itself unless CHANGEOVER_SQL_AGENT=1;
+`changeover sql --no-agent` (or CHANGEOVER_SQL_AGENT=0) always does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import getpass
 import hashlib
 import json
-import logging
 import os
-import select
+import re
 import socket
 import stat
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,18 +42,27 @@ from typing import TYPE_CHECKING, Any
 from changeover.errors import ChangeoverError
 
 if TYPE_CHECKING:
-    from changeover.light import LightSession
     from changeover.settings import Settings
 
 IDLE_SECONDS = 600.0
-START_SECONDS = 120.0  # a new agent's imports take about 4 s on an idle 2-core machine, far longer on a busy one
+START_SECONDS = 120.0  # a new agent's imports take seconds on an idle machine, far longer on a busy one
+# A spawned agent that found the lock held (another agent starting, stopping, or stuck) and no socket opened in
+# this long: the CLI runs the statement itself rather than wait.
+HELD_SECONDS = 5.0
+ACCEPT_SECONDS = 30.0  # for the agent to take a statement (it checks the registry's schema first)
 MAX_SOCKET_PATH = 100  # a Unix socket's path holds at most 107 bytes
 MAX_REQUEST = 1 << 20
+SWITCH = "CHANGEOVER_SQL_AGENT"
 # What shapes a session besides the settings: a CLI run with other values of these gets an agent of its own.
 ENV_PREFIXES = ("SPARK_", "PYSPARK_", "GRPC_")
 ENV_PROXIES = ("http_proxy", "https_proxy", "no_proxy", "grpc_proxy", "all_proxy")
+ENV_NAMES = ("TZ", "CHANGEOVER_FAULTS", "CHANGEOVER_CRASH_AT")  # a session's time zone; the tests' fault points
+PEERCRED = struct.Struct("iII")  # struct ucred: pid_t (signed), uid_t and gid_t (unsigned: uids above 2**31 exist)
 PACKAGE = Path(__file__).resolve().parents[1]
-log = logging.getLogger("changeover.cli.sql_agent")
+# A URL's password as SQLAlchemy parses it (`sqlalchemy.engine.url`'s pattern): after the user name's colon, up to
+# the first @; and a driver's password given in the query.
+_PASSWORD = re.compile(r"^(?P<head>[\w+]+://[^:/]*:)(?P<password>[^@]*)(?=@)")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -70,20 +79,41 @@ def actor() -> str:
     return os.environ.get("CHANGEOVER_ACTOR") or f"cli:{getpass.getuser()}"
 
 
-def enabled() -> bool:
-    return os.environ.get("CHANGEOVER_SQL_AGENT", "1") != "0" and hasattr(socket, "AF_UNIX") \
-        and hasattr(socket, "SO_PEERCRED")
+def enabled(force: bool = False) -> bool:
+    """Whether a `changeover sql` goes through the agent: where Unix sockets tell their peer's user, when asked
+    (force, or CHANGEOVER_SQL_AGENT=1), never with CHANGEOVER_SQL_AGENT=0, and else only from a terminal: a script
+    or CI (its standard input not a TTY) starts no process that outlives it unless it asks for one."""
+    if not (hasattr(socket, "AF_UNIX") and hasattr(socket, "SO_PEERCRED")):
+        return False
+    switch = os.environ.get(SWITCH, "")
+    if force or switch not in ("", "0"):
+        return True
+    return switch == "" and _interactive()
+
+
+def _interactive() -> bool:
+    try:
+        return os.isatty(0)
+    except OSError:
+        return False
+
+
+def hide_password(url: str) -> str:
+    """The URL with its password as ***, as SQLAlchemy's `render_as_string(hide_password=True)` shows it (and a
+    `password=` in its query hidden too), with the standard library alone, which is all this half loads."""
+    return _QUERY_PASSWORD.sub(r"\1***", _PASSWORD.sub(r"\g<head>***", url, count=1))
 
 
 def key_of(settings: Settings) -> str:
-    """A digest of what the agent's sessions depend on: the interpreter, the settings, the environment that shapes a
-    session, and this package's code (each file's path, size and time)."""
+    """A digest of what the agent's sessions depend on: the interpreter, the settings (the registry's URL without
+    its password: the digest is in the agent's command line, which any user may read), the environment that shapes
+    a session, and this package's code (each file's path, size and time)."""
     digest = hashlib.sha256()
-    for part in (sys.executable, str(settings.home), settings.database_url, str(settings.runtimes_dir),
+    for part in (sys.executable, str(settings.home), hide_password(settings.database_url), str(settings.runtimes_dir),
                  str(settings.cluster_file), str(settings.rest_key_file)):
         digest.update(part.encode() + b"\0")
     for name in sorted(os.environ):
-        if name.startswith(ENV_PREFIXES) or name.lower() in ENV_PROXIES:
+        if name.startswith(ENV_PREFIXES) or name.lower() in ENV_PROXIES or name in ENV_NAMES:
             digest.update(f"{name}={os.environ[name]}".encode() + b"\0")
     for path in sorted(PACKAGE.rglob("*.py")):
         found = path.stat()
@@ -121,9 +151,37 @@ def _private(folder: Path) -> bool:
     return stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid() and not found.st_mode & 0o077
 
 
-def _peer_uid(conn: socket.socket) -> int:
-    _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                          struct.calcsize("3i")))
+def open_private(path: Path, what: str, create: bool = True) -> int:
+    """The agent's log or lock, opened for appending (created 0600 where missing), never through a link, and only
+    if it is a regular file of this user's; else a refusal. (OSError if it is missing and not to be created.)"""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_CREAT if create else 0)
+    try:
+        descriptor = os.open(path, flags, 0o600)  # O_NONBLOCK: a FIFO put there is refused, not waited on
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO):
+            raise
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else "it is not a regular file"
+        raise _unsafe(path, what, why) from None
+    found = os.fstat(descriptor)
+    why = ("it is not a regular file" if not stat.S_ISREG(found.st_mode) else
+           f"it belongs to user id {found.st_uid}, not to you ({os.getuid()})" if found.st_uid != os.getuid() else "")
+    if why:
+        os.close(descriptor)
+        raise _unsafe(path, what, why)
+    os.set_blocking(descriptor, True)
+    if found.st_mode & 0o077:
+        os.fchmod(descriptor, 0o600)
+    return descriptor
+
+
+def _unsafe(path: Path, what: str, why: str) -> ChangeoverError:
+    return ChangeoverError(f"the SQL agent's {what} {path}", f"{why}, and the agent only writes a file of its own "
+                           "there (another one may have been put in its place to make it write elsewhere)",
+                           f"remove it (`rm {path}`) and run the command again, or use `changeover sql --no-agent`")
+
+
+def peer_uid(conn: socket.socket) -> int:
+    _pid, uid, _gid = PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
     return int(uid)
 
 
@@ -133,7 +191,7 @@ def _connect(path: Path, timeout: float) -> socket.socket | None:
     try:
         conn.settimeout(timeout)
         conn.connect(str(path))
-        if _peer_uid(conn) != os.getuid():
+        if peer_uid(conn) != os.getuid():
             raise OSError("the socket's owner is another user")
     except OSError:
         conn.close()
@@ -142,17 +200,22 @@ def _connect(path: Path, timeout: float) -> socket.socket | None:
     return conn
 
 
-def _send(conn: socket.socket, message: dict[str, Any]) -> None:
+def send(conn: socket.socket, message: dict[str, Any]) -> None:
     conn.sendall(json.dumps(message, default=str).encode() + b"\n")
 
 
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
 # -- the CLI's half ------------------------------------------------------------------------------------------------
-def run_sql(settings: Settings, statement: str, *, block_shutdown: bool, shutdown_timeout: int, tries: int
-            ) -> dict[str, Any] | None:
+def run_sql(settings: Settings, statement: str, *, block_shutdown: bool, shutdown_timeout: int, tries: int,
+            force: bool = False) -> dict[str, Any] | None:
     """The statement run by the agent, started if none serves these settings: {"rows", "member", "version"}. None
-    when no agent took the statement (none could start, or it declined it): the caller then runs it itself. A
-    refusal (routing, a version check, Spark's answer) raises ChangeoverError as in the CLI's own process."""
-    where = place(settings) if enabled() else None
+    when no agent took the statement (none is wanted (`enabled`) or could start, or it declined it): the caller then
+    runs it itself. A refusal (routing, a version check, Spark's answer) raises ChangeoverError as in the CLI's own
+    process. force: an explicit --agent, whatever the terminal and CHANGEOVER_SQL_AGENT say."""
+    where = place(settings) if enabled(force) else None
     if where is None:
         return None
     conn = _connect(where.socket, 2.0) or _start(settings, where)
@@ -160,20 +223,26 @@ def run_sql(settings: Settings, statement: str, *, block_shutdown: bool, shutdow
         return None
     with conn, conn.makefile("rb") as answers:
         try:
-            _send(conn, {"op": "sql", "key": where.key, "statement": statement, "block_shutdown": block_shutdown,
-                         "shutdown_timeout": shutdown_timeout, "tries": tries, "actor": actor(),
-                         "user": getpass.getuser()})
+            send(conn, {"op": "sql", "key": where.key, "statement": statement, "block_shutdown": block_shutdown,
+                        "shutdown_timeout": shutdown_timeout, "tries": tries, "actor": actor(),
+                        "user": getpass.getuser()})
+            conn.settimeout(ACCEPT_SECONDS)
             accepted = answers.readline()
+        except TimeoutError:  # hanging up now is safe: an agent whose client is gone does not start its statement
+            _note(f"the SQL agent did not take the statement in {ACCEPT_SECONDS:.0f} s (its log: {where.log}); "
+                  "running it in this process")
+            return None
         except OSError:
             accepted = b""
         if not accepted or "accepted" not in json.loads(accepted):
             return None  # declined, or gone (stopping as it was asked) before it took the statement: it did not run
         try:
+            conn.settimeout(None)
             line = answers.readline()
         except OSError:
             line = b""
     if not line:
-        raise ChangeoverError(f"SQL {_short(statement)!r}", "the SQL agent went away before it answered, and the "
+        raise ChangeoverError(f"SQL {short(statement)!r}", "the SQL agent went away before it answered, and the "
                               f"statement may have run (its log: {where.log})",
                               "see how it ended with `changeover light list --all`, then run it again if need be")
     answer = json.loads(line)
@@ -183,9 +252,11 @@ def run_sql(settings: Settings, statement: str, *, block_shutdown: bool, shutdow
 
 
 def _start(settings: Settings, where: Place) -> socket.socket | None:
-    """Start an agent for these settings and wait for its socket; None if it failed (its log says why)."""
-    env = {**os.environ, **settings.as_env()}
+    """Start an agent for these settings and wait for its socket; None if it failed (its log says why), or if
+    another agent holds the lock and opens no socket within HELD_SECONDS (starting slowly, stopping, or stuck)."""
+    env = agent_env(settings)
     deadline = time.monotonic() + START_SECONDS
+    held_since: float | None = None
     agent = _spawn(where, env)
     while agent is not None and time.monotonic() < deadline:
         conn = _connect(where.socket, 1.0)
@@ -193,7 +264,12 @@ def _start(settings: Settings, where: Place) -> socket.socket | None:
             return conn
         exited = agent.poll()
         if exited == 0:  # another agent holds the lock: it serves soon, or it is stopping and lets go of it
-            time.sleep(0.2)
+            held_since = held_since or time.monotonic()
+            if time.monotonic() - held_since > HELD_SECONDS:
+                _note(f"another SQL agent holds {where.lock} and opened no socket in {HELD_SECONDS:.0f} s (its log: "
+                      f"{where.log}); running the statement in this process")
+                return None
+            time.sleep(0.5)
             agent = _spawn(where, env)
         elif exited is not None:
             return None
@@ -202,10 +278,18 @@ def _start(settings: Settings, where: Place) -> socket.socket | None:
     return None
 
 
+def agent_env(settings: Settings) -> dict[str, str]:
+    """The agent's environment: this one, with the settings as every child process gets them (the registry's URL by
+    reference: a file only this user can read), and without CHANGEOVER_DATABASE_URL, whose password would otherwise
+    sit in the agent's environment for as long as it runs."""
+    return {**{name: value for name, value in os.environ.items() if name != "CHANGEOVER_DATABASE_URL"},
+            **settings.as_env()}
+
+
 def _spawn(where: Place, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
-    descriptor = os.open(where.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    descriptor = open_private(where.log, "log")
     try:
-        return subprocess.Popen([sys.executable, "-m", "changeover.cli.sql_agent", where.key], env=env,
+        return subprocess.Popen([sys.executable, "-m", "changeover.cli.sql_agent_server", where.key], env=env,
                                 cwd=where.socket.parent, stdin=subprocess.DEVNULL, stdout=descriptor,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     except OSError:
@@ -215,8 +299,8 @@ def _spawn(where: Place, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
 
 
 def stop_all(settings: Settings, wait: float = 15.0) -> int:
-    """Ask every agent of this home to stop (`changeover cluster down`), and wait up to `wait` s for them to have
-    released their sessions (each lets go of its lock last); returns how many were asked."""
+    """Ask every agent of this home to stop (`changeover cluster down`), and wait up to `wait` s for them to be gone
+    (each lets go of its lock last); returns how many were asked."""
     import fcntl
 
     asked: list[Path] = []
@@ -225,13 +309,14 @@ def stop_all(settings: Settings, wait: float = 15.0) -> int:
             conn = _connect(path, 2.0)
             if conn is not None:
                 with conn, contextlib.suppress(OSError):
-                    _send(conn, {"op": "stop"})
+                    conn.settimeout(wait)
+                    send(conn, {"op": "stop"})
                     conn.recv(1024)
                     asked.append(path.with_suffix(".lock"))
     deadline = time.monotonic() + wait
     for lock in asked:
-        with contextlib.suppress(OSError):
-            descriptor = os.open(lock, os.O_RDWR)
+        with contextlib.suppress(OSError, ChangeoverError):  # no lock, or not one to trust: nothing to wait on
+            descriptor = open_private(lock, "lock", create=False)
             try:
                 while True:
                     try:
@@ -246,7 +331,7 @@ def stop_all(settings: Settings, wait: float = 15.0) -> int:
     return len(asked)
 
 
-def _short(statement: str, chars: int = 60) -> str:
+def short(statement: str, chars: int = 60) -> str:
     flat = " ".join(statement.split())
     return flat if len(flat) <= chars else flat[:chars - 3] + "..."
 
@@ -255,198 +340,6 @@ def spark_refusal(statement: str, exc: BaseException) -> ChangeoverError:
     """Spark's answer to a statement it did not run, as a one-line refusal (its first line: the rest is the
     server's stack)."""
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    return ChangeoverError(f"SQL {_short(statement)!r}", f"Spark answered {type(exc).__name__}: {first}",
+    return ChangeoverError(f"SQL {short(statement)!r}", f"Spark answered {type(exc).__name__}: {first}",
                            "correct the statement, or run it again if it was interrupted (`changeover light list "
                            "--all` says how each light job ended)")
-
-
-# -- the agent ----------------------------------------------------------------------------------------------------
-class _Agent:
-    def __init__(self, settings: Settings, where: Place, revision: str | None, idle: float) -> None:
-        self.settings, self.where, self.revision, self.idle = settings, where, revision, idle
-        self.busy, self.last = 0, time.monotonic()
-        self.state = threading.Lock()
-        self.server: _Server | None = None
-
-    @contextlib.contextmanager
-    def working(self) -> Iterator[None]:
-        with self.state:
-            self.busy += 1
-        try:
-            yield
-        finally:
-            with self.state:
-                self.busy -= 1
-                self.last = time.monotonic()
-
-    def stop(self) -> None:
-        if self.server is not None:
-            threading.Thread(target=self.server.shutdown, name="stop", daemon=True).start()
-
-    def watch_idle(self) -> None:
-        while True:
-            time.sleep(min(1.0, self.idle))
-            with self.state:
-                idle = self.busy == 0 and time.monotonic() - self.last > self.idle
-            if idle:
-                log.warning("no statement for %.0f s: stopping", self.idle)
-                self.stop()
-                return
-
-    def schema_moved(self) -> bool:
-        from alembic.runtime.migration import MigrationContext
-
-        from changeover.registry.db import engine_for
-
-        with engine_for(self.settings.database_url).connect() as connection:
-            return MigrationContext.configure(connection).get_current_revision() != self.revision
-
-    def handle(self, conn: socket.socket) -> None:
-        if _peer_uid(conn) != os.getuid():
-            return
-        with conn.makefile("rb") as requests:
-            line = requests.readline(MAX_REQUEST)
-        request = json.loads(line) if line.strip() else {}
-        if request.get("op") == "stop":
-            _send(conn, {"stopped": True})
-            self.stop()
-            return
-        if request.get("op") != "sql" or request.get("key") != self.where.key:
-            _send(conn, {"declined": "not a statement for this agent"})
-            return
-        with self.working():
-            if self.schema_moved():
-                _send(conn, {"declined": "the registry's schema moved"})
-                log.warning("the registry's schema moved: stopping")
-                self.stop()
-                return
-            _send(conn, {"accepted": True})
-            answer = self.run(conn, request)
-            with contextlib.suppress(OSError):  # a client gone (Ctrl-C) had its statement interrupted: no one reads
-                _send(conn, answer)
-
-    def run(self, conn: socket.socket, request: dict[str, Any]) -> dict[str, Any]:
-        from pyspark.errors import PySparkException
-
-        from changeover import audit, light
-
-        statement = str(request["statement"])
-        audit.act_as(audit.Acting(str(request["actor"])))  # this thread's: the ledger and the events name the CLI's
-        try:
-            with light.session(self.settings, statement=statement, block_shutdown=bool(request["block_shutdown"]),
-                               shutdown_timeout=int(request["shutdown_timeout"]), tries=int(request["tries"]),
-                               user_id=str(request["user"]), reuse=True) as job, _interrupted_when_gone(conn, job):
-                rows = [row.asDict(recursive=True) for row in job.spark.sql(statement).collect()]
-            return {"rows": rows, "member": job.route.member, "version": job.route.version}
-        except ChangeoverError as exc:
-            return {"error": {"refused": exc.refused, "reason": exc.reason, "fix": exc.fix}}
-        except PySparkException as exc:
-            refusal = spark_refusal(statement, exc)
-            return {"error": {"refused": refusal.refused, "reason": refusal.reason, "fix": refusal.fix}}
-        except Exception as exc:  # noqa: BLE001 - the CLI says it in one line; the log keeps the stack
-            log.exception("statement %r failed", _short(statement))
-            return {"error": {"refused": f"SQL {_short(statement)!r}", "reason": f"{type(exc).__name__}: {exc}",
-                              "fix": f"see the SQL agent's log: {self.where.log}"}}
-
-
-@contextlib.contextmanager
-def _interrupted_when_gone(conn: socket.socket, job: LightSession) -> Iterator[None]:
-    """Interrupt the job's operations if its client hangs up before the answer (Ctrl-C, a killed CLI)."""
-    wake, woken = socket.socketpair()  # the job's end wakes the watcher at once
-
-    def watch() -> None:
-        readable, _, _ = select.select([conn, woken], [], [])
-        if woken in readable:
-            return
-        try:
-            gone = not conn.recv(1, socket.MSG_PEEK)
-        except OSError:
-            gone = True
-        if gone:
-            log.warning("light job %s: its client went away; interrupting it", job.tag)
-            with contextlib.suppress(Exception):
-                job.spark.interruptTag(job.tag)
-
-    watcher = threading.Thread(target=watch, name=f"watch-{job.tag}", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        wake.send(b"x")
-        watcher.join()
-        wake.close()
-        woken.close()
-
-
-if hasattr(socket, "AF_UNIX"):
-    import socketserver
-
-    class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-        daemon_threads = False  # closing waits for the statements running
-        agent: _Agent
-
-        def finish_request(self, request: Any, client_address: Any) -> None:
-            try:
-                self.agent.handle(request)
-            except Exception:  # noqa: BLE001 - one client's trouble is logged, the agent serves the next
-                log.exception("a request failed")
-
-
-def serve(key: str, idle: float | None = None) -> int:
-    """The agent's life: claim the key's lock, check the registry's schema, serve until idle or stopped."""
-    import fcntl
-
-    from changeover.settings import Settings
-
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.umask(0o077)
-    settings = Settings.from_env()
-    where = place(settings, key)
-    if where is None or key_of(settings) != key:
-        log.error("the settings or the code this agent was started for changed before it started: exiting")
-        return 2
-    lock = os.open(where.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return 0  # another agent serves these settings
-    import warnings
-
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
-    import pyspark.sql.connect.session  # noqa: F401 - loaded now, not on the first statement
-
-    from changeover import light
-    from changeover.registry.schema import require_current
-
-    try:
-        require_current(settings.database_url)
-    except ChangeoverError as exc:
-        log.error("%s", exc)
-        return 1
-    from alembic.runtime.migration import MigrationContext
-
-    from changeover.registry.db import engine_for
-
-    with engine_for(settings.database_url).connect() as connection:
-        revision = MigrationContext.configure(connection).get_current_revision()
-    idle = idle if idle is not None else float(os.environ.get("CHANGEOVER_SQL_AGENT_IDLE_SECONDS") or IDLE_SECONDS)
-    agent = _Agent(settings, where, revision, idle)
-    where.socket.unlink(missing_ok=True)  # a crashed agent's: the lock says none serves it
-    server = _Server(str(where.socket), socketserver.BaseRequestHandler)
-    server.agent = agent
-    agent.server = server
-    log.warning("serving %s (pid %d, idle exit after %.0f s)", where.socket, os.getpid(), idle)
-    threading.Thread(target=agent.watch_idle, name="idle", daemon=True).start()
-    try:
-        server.serve_forever(poll_interval=0.5)
-    finally:
-        where.socket.unlink(missing_ok=True)
-        server.server_close()
-        light.close_pool()
-        log.warning("stopped")
-        os.close(lock)  # last: whoever waits for this agent to be gone (`stop_all`) waits for this
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1]))

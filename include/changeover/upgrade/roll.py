@@ -81,17 +81,7 @@ def step(
         phase = _phase(settings, upgrade_key, member)
         if phase in (UPGRADED, SKIPPED):
             continue
-        with session_scope(settings.database_url) as s:
-            row = s.get(Member, member)
-            at_target = row is not None and row.version == target and row.status == MemberStatus.ACTIVE
-        if at_target:  # upgraded by an attempt that died before it recorded so
-            _upgraded(settings, upgrade_key, member, target)
-            continue
-        if row is not None and row.status == "STOPPED" and phase == PENDING:
-            # someone stopped its worker: starting it at the target would undo their stop
-            _set_phase(settings, upgrade_key, member, SKIPPED, f"member {member} is stopped; start it with "
-                       f"`changeover cluster up --members {member} --version {row.version}` and run the upgrade "
-                       "again to include it")
+        if _settled_without_drain(settings, upgrade_key, member, phase, target):
             continue
         if window is not None:
             moment = now or utcnow()
@@ -115,6 +105,24 @@ def step(
         _upgraded(settings, upgrade_key, member, target)
     leaving, plan = surges.remove(settings, cluster, upgrade_key, shutdown_timeout)
     return _status(settings, upgrade_key, leaving, plan)
+
+
+def _settled_without_drain(settings: Settings, upgrade_key: str, member: str, phase: str, target: str) -> bool:
+    """Whether the member needs no drain, its phase recorded: it is at the target already, or someone stopped it
+    before the roll reached it."""
+    with session_scope(settings.database_url) as s:
+        row = s.get(Member, member)
+        at_target = row is not None and row.version == target and row.status == MemberStatus.ACTIVE
+    if at_target:  # upgraded by an attempt that died before it recorded so
+        _upgraded(settings, upgrade_key, member, target)
+        return True
+    if row is not None and row.status == "STOPPED" and phase == PENDING:
+        # someone stopped its worker: starting it at the target would undo their stop
+        _set_phase(settings, upgrade_key, member, SKIPPED, f"member {member} is stopped; start it with "
+                   f"`changeover cluster up --members {member} --version {row.version}` and run the upgrade "
+                   "again to include it")
+        return True
+    return False
 
 
 def observe(
