@@ -21,9 +21,9 @@ def sql(
     shutdown_timeout: Annotated[int, typer.Option(help="Seconds a drain waits before it interrupts it.")] = 30,
     tries: Annotated[int, typer.Option(help="Members to try when a version check refuses it.")] = 3,
     agent: Annotated[bool, typer.Option(
-        "--agent/--no-agent", help="Hand it to the SQL agent, which keeps sessions open between commands (started "
-                                   "if none runs; it stops after 10 idle minutes), or run it in this process: "
-                                   "about 5 s more.")] = True,
+        "--agent/--no-agent", help="Hand it to the SQL agent, which keeps Spark Connect's client loaded between "
+                                   "commands (from a terminal by default, else with CHANGEOVER_SQL_AGENT=1), or "
+                                   "run it in this process.")] = True,
     as_json: JsonFlag = False,
 ) -> None:
     """Run SQL as a light job on the largest version group, through a member's Spark Connect server."""
@@ -45,7 +45,7 @@ def sql(
 
 
 def _sql_here(statement: str, **options: Any) -> dict[str, Any]:
-    """The statement run in this process, with a session of its own (what the agent does with a pooled one)."""
+    """The statement run in this process, with a session of its own (as the agent runs each statement too)."""
     import warnings
 
     from changeover.cli import sql_agent
